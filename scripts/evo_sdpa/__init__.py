@@ -1,0 +1,1 @@
+"""evo-sdpa: the library under the pipeline stages (config, variants, measuring, reporting)."""

@@ -1,0 +1,30 @@
+"""The validated pipeline configuration and the views the stages take of it."""
+from __future__ import annotations
+
+from .errors import StageError
+from .schema import validate
+from .shapes import Shape
+
+CONFIG_SCHEMA = "config.schema.yaml"
+
+
+def check_config(config: dict, source: str = "config") -> dict:
+    """Schema check plus the cross-key checks a schema cannot express. Returns the config."""
+    validate(config, CONFIG_SCHEMA, source)
+    suites = config["shape_suites"]
+    for key in ("baseline_suite", "bench_suite"):
+        if config[key] not in suites:
+            raise StageError(f"{source}: key '{key}': {config[key]!r} is not a shape suite "
+                             f"(defined: {', '.join(sorted(suites))})")
+    tiers = config["parity"]["tiers"]
+    for key in ("tier", "cpu_tier"):
+        if config["parity"][key] not in tiers:
+            raise StageError(f"{source}: key 'parity.{key}': {config['parity'][key]!r} is not a "
+                             f"parity tier (defined: {', '.join(sorted(tiers))})")
+    if config["timing"]["max_time_ms"] < config["timing"]["min_time_ms"]:
+        raise StageError(f"{source}: key 'timing.max_time_ms' must be at least timing.min_time_ms")
+    return config
+
+
+def suite_shapes(config: dict, suite: str) -> list[Shape]:
+    return [Shape.from_dict(entry) for entry in config["shape_suites"][suite]]

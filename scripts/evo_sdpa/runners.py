@@ -1,0 +1,63 @@
+"""Turn a variant (or SDPA) into one callable: forward(q, k, v, out, causal, scale) -> None."""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from typing import Callable
+
+from .variants import Variant
+
+Forward = Callable[..., None]
+
+
+def load_triton_module(variant: Variant):
+    entry = variant.sources[0]
+    module_name = f"evo_sdpa_variant_{variant.name}"
+    if module_name in sys.modules:
+        return sys.modules[module_name]
+    spec = importlib.util.spec_from_file_location(module_name, entry)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def load_forward(variant: Variant, artifact: str | Path | None) -> Forward:
+    """The variant's forward: a CUDA variant through its built library, Triton by import."""
+    if variant.kind == "cuda":
+        from .cuda_abi import CudaVariant
+
+        if artifact is None:
+            raise ValueError(f"{variant.name}: a CUDA variant needs its built library")
+        return CudaVariant(artifact)
+    return load_triton_module(variant).forward
+
+
+def sdpa_forward() -> Forward:
+    """SDPA writing into `out` (backend: the default's pick, or the one an enclosing
+    sdpa_backend() context forces)."""
+    import torch.nn.functional as F
+
+    def forward(q, k, v, out, causal: bool, scale: float) -> None:
+        out.copy_(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale))
+
+    return forward
+
+
+def sdpa_call(q, k, v, causal: bool, scale: float):
+    """SDPA as users call it (it allocates its output): what the bench times."""
+    import torch.nn.functional as F
+
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+
+
+SDPA_BACKENDS = ("default", "flash", "efficient", "cudnn", "math")
+
+
+def sdpa_backend(name: str):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    table = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+             "cudnn": SDPBackend.CUDNN_ATTENTION, "math": SDPBackend.MATH}
+    return sdpa_kernel(table[name])

@@ -1,0 +1,180 @@
+"""GPU timing: CUDA events on one stream, interleaved callables, L2 flush or rotated inputs,
+optional CUDA-graph replay, and a noise-based stop. Every number says how it was taken."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from typing import Callable
+
+from .stats import StopRule, summarize
+
+# Buffer written between timed eager calls: twice the L2, so no input survives in the cache.
+FLUSH_FACTOR = 2
+
+
+def sm_clock_mhz() -> int | None:
+    """Current SM clock from nvidia-smi (read, never set)."""
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return None
+    try:
+        out = subprocess.run([smi, "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=10, check=True).stdout
+        return int(out.split()[0])
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError):
+        return None
+
+
+def l2_bytes() -> int:
+    import torch
+
+    return int(torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size)
+
+
+class L2Flusher:
+    def __init__(self, nbytes: int):
+        import torch
+
+        self.buffer = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, device="cuda")
+
+    def __call__(self) -> None:
+        self.buffer.fill_(1)
+
+
+def _warm(call: Callable[[], None], warmup_ms: float) -> None:
+    import torch
+
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    calls = 0
+    while calls < 3 or (time.perf_counter() - start) * 1e3 < warmup_ms:
+        call()
+        calls += 1
+        torch.cuda.synchronize()
+
+
+def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: float,
+               flush: bool) -> dict:
+    """Time each callable alone between CUDA events, interleaved round by round; the order
+    alternates each round so neither side always runs on a warmer GPU."""
+    import torch
+
+    flusher = L2Flusher(FLUSH_FACTOR * l2_bytes()) if flush else None
+    for call in calls.values():
+        _warm(call, warmup_ms)
+    names = list(calls)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    stream = torch.cuda.current_stream()
+    start_wall = time.perf_counter()
+    ended_by = None
+    round_index = 0
+    while ended_by is None:
+        order = names if round_index % 2 == 0 else names[::-1]
+        events = []
+        for name in order:
+            if flusher:
+                flusher()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
+            calls[name]()
+            end.record(stream)
+            events.append((name, begin, end))
+        torch.cuda.synchronize()
+        for name, begin, end in events:
+            samples[name].append(begin.elapsed_time(end) * 1e3)
+        round_index += 1
+        ended_by = rule.check(list(samples.values()), (time.perf_counter() - start_wall) * 1e3)
+    return _results(samples, ended_by, mode="eager",
+                    cache="L2 flushed before each call" if flush else "L2 not flushed")
+
+
+def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls: int,
+               rule: StopRule, warmup_ms: float) -> dict:
+    """Capture `graph_calls` calls of each callable (call(i) uses input set i % n_sets) in one
+    CUDA graph and time its replays; a sample is replay time / graph_calls."""
+    import torch
+
+    graphs = {}
+    for name, call in calls.items():
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):       # warm-up outside capture: compiles, allocates
+            for i in range(3):
+                call(i % n_sets)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(graph_calls):
+                call(i % n_sets)
+        graphs[name] = graph
+    for graph in graphs.values():
+        _warm(graph.replay, warmup_ms)
+    names = list(graphs)
+    samples: dict[str, list[float]] = {name: [] for name in names}
+    stream = torch.cuda.current_stream()
+    start_wall = time.perf_counter()
+    ended_by = None
+    round_index = 0
+    while ended_by is None:
+        order = names if round_index % 2 == 0 else names[::-1]
+        events = []
+        for name in order:
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record(stream)
+            graphs[name].replay()
+            end.record(stream)
+            events.append((name, begin, end))
+        torch.cuda.synchronize()
+        for name, begin, end in events:
+            samples[name].append(begin.elapsed_time(end) * 1e3 / graph_calls)
+        round_index += 1
+        ended_by = rule.check(list(samples.values()), (time.perf_counter() - start_wall) * 1e3)
+    cache = f"{n_sets} input sets rotated per replay" + (
+        " (together larger than L2)" if n_sets > 1 else " (one set: fits in L2)")
+    return _results(samples, ended_by, mode=f"graph x{graph_calls}", cache=cache)
+
+
+def input_sets_beyond_l2(set_bytes: int, cap: int) -> int:
+    """How many input sets make the rotation larger than twice the L2 (at most `cap`)."""
+    needed = -(-FLUSH_FACTOR * l2_bytes() // max(set_bytes, 1))
+    return max(1, min(cap, needed))
+
+
+def _results(samples: dict[str, list[float]], ended_by: str, mode: str, cache: str) -> dict:
+    return {name: {"samples_us": s, "stats": summarize(s), "ended_by": ended_by,
+                   "mode": mode, "cache": cache} for name, s in samples.items()}
+
+
+def time_shape(factories: dict[str, Callable], shape, dtype: str, timing: dict, seed: int = 0) -> dict:
+    """Time callables on one shape and dtype, interleaved. `factories[name](q, k, v)` returns a
+    zero-argument call on those inputs. Returns {mode: {name: result}}: always "eager"
+    (L2 flushed per call when configured), plus "graph" for shapes marked graph: true."""
+    import torch
+
+    from .inputs import make_qkv
+    from .shapes import torch_dtype
+
+    tdtype = torch_dtype(dtype)
+    rule = StopRule.from_config(timing)
+
+    def inputs(set_index: int):
+        return make_qkv(shape.B, shape.H, shape.S, shape.D, tdtype, "cuda", seed + set_index)
+
+    first = inputs(0)
+    results = {"eager": time_eager({name: make(*first) for name, make in factories.items()},
+                                   rule, timing["warmup_ms"], timing["l2_flush"])}
+    if shape.graph:
+        set_bytes = 4 * first[0].numel() * first[0].element_size()
+        n_sets = input_sets_beyond_l2(set_bytes, timing["graph_calls"])
+        sets = [first] + [inputs(i) for i in range(1, n_sets)]
+        calls = {}
+        for name, make in factories.items():
+            per_set = [make(*qkv) for qkv in sets]
+            calls[name] = lambda i, per_set=per_set: per_set[i]()
+        results["graph"] = time_graph(calls, n_sets, timing["graph_calls"], rule, timing["warmup_ms"])
+        del sets, calls
+    del first
+    torch.cuda.empty_cache()
+    return results

@@ -1,0 +1,114 @@
+"""Kernel variants: one folder under kernels/ with a variant.yaml; discovery and metadata checks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from .errors import StageError
+from .schema import load_schema, validate, with_defaults
+
+REPO = Path(__file__).resolve().parents[2]
+KERNELS_DIR = REPO / "kernels"
+METADATA_FILE = "variant.yaml"
+SHARED_DIR = "common"           # kernels/common holds the ABI header, not a variant
+RESERVED = {"sdpa"}             # the reference entry of the profile and analysis stages
+SCHEMA = "variant.schema.yaml"
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    folder: Path
+    meta: dict
+
+    @property
+    def kind(self) -> str:
+        return self.meta["kind"]
+
+    @property
+    def support(self) -> dict:
+        return self.meta["support"]
+
+    @property
+    def sources(self) -> list[Path]:
+        return [self.folder / s for s in self.meta["sources"]]
+
+    @property
+    def kernel_regex(self) -> str:
+        return self.meta["kernel_regex"]
+
+    def supports(self, dtype: str, head_dim: int, causal: bool) -> bool:
+        s = self.support
+        return dtype in s["dtypes"] and head_dim in s["head_dims"] and causal in s["causal"]
+
+    def unsupported_reason(self, dtype: str, head_dim: int, causal: bool, seq_len: int) -> str | None:
+        s = self.support
+        if dtype not in s["dtypes"]:
+            return f"dtype {dtype} not in its support {s['dtypes']}"
+        if head_dim not in s["head_dims"]:
+            return f"head dim {head_dim} not in its support {s['head_dims']}"
+        if causal not in s["causal"]:
+            return f"causal={causal} not in its support"
+        if s.get("max_seq_len") and seq_len > s["max_seq_len"]:
+            return f"S={seq_len} above its max_seq_len {s['max_seq_len']}"
+        return None
+
+
+def variant_folders(kernels_dir: Path = KERNELS_DIR) -> list[Path]:
+    """Every folder under kernels/ except the shared one; each must hold a variant.yaml."""
+    if not kernels_dir.is_dir():
+        return []
+    return sorted(p for p in kernels_dir.iterdir()
+                  if p.is_dir() and p.name != SHARED_DIR and not p.name.startswith((".", "_")))
+
+
+def load_variant(folder: Path) -> Variant:
+    meta_path = folder / METADATA_FILE
+    rel = f"{folder.parent.name}/{folder.name}/{METADATA_FILE}"
+    if not meta_path.is_file():
+        raise StageError(f"{rel}: missing; every folder under kernels/ needs one "
+                         f"(see README.md, 'Adding a variant')")
+    try:
+        meta = yaml.safe_load(meta_path.read_text())
+    except yaml.YAMLError as exc:
+        raise StageError(f"{rel}: not valid YAML ({str(exc).splitlines()[0]})") from exc
+    if not isinstance(meta, dict):
+        raise StageError(f"{rel}: must be a mapping of fields (name, kind, sources, support, ...)")
+    validate(meta, SCHEMA, str(rel))
+    meta = with_defaults(meta, load_schema(SCHEMA))
+    if meta["name"] != folder.name:
+        raise StageError(f"{rel}: field 'name' is {meta['name']!r} but the folder is {folder.name!r}; "
+                         "make them equal")
+    if folder.name in RESERVED:
+        raise StageError(f"{rel}: the name {folder.name!r} is reserved for the SDPA reference entry")
+    for source in meta["sources"]:
+        if not (folder / source).is_file():
+            raise StageError(f"{rel}: field 'sources' lists {source!r}, which does not exist in {folder.name}/")
+    entry = meta["sources"][0]
+    expected = ".cu" if meta["kind"] == "cuda" else ".py"
+    if not entry.endswith(expected):
+        raise StageError(f"{rel}: field 'sources': the first source of a {meta['kind']} variant "
+                         f"must be its {expected} entry file, not {entry!r}")
+    return Variant(folder.name, folder, meta)
+
+
+def discover(kernels_dir: Path = KERNELS_DIR) -> dict[str, Variant]:
+    return {folder.name: load_variant(folder) for folder in variant_folders(kernels_dir)}
+
+
+def select(variants: dict[str, Variant], wanted) -> list[str]:
+    """The variant names the config asks for ("all" or a list), each checked to exist."""
+    if wanted == "all":
+        return sorted(variants)
+    unknown = [name for name in wanted if name not in variants]
+    if unknown:
+        raise StageError(f"config: key 'variants': unknown variant {unknown[0]!r} "
+                         f"(known: {', '.join(sorted(variants)) or 'none'})")
+    return list(wanted)
+
+
+def variant_files(variant: Variant) -> list[Path]:
+    """The files whose edit must rerun the variant's chain: metadata and sources."""
+    return [variant.folder / METADATA_FILE, *variant.sources]

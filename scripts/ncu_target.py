@@ -1,0 +1,49 @@
+"""The process Nsight Compute profiles: warm-up calls, then exactly one call of the entry (a
+variant or SDPA's default) inside the NVTX range ncu filters on."""
+import math
+
+from evo_sdpa.cli import parser
+from evo_sdpa.inputs import make_qkv
+from evo_sdpa.io import read_json
+from evo_sdpa.profiling import NVTX_RANGE, SDPA_ENTRY
+from evo_sdpa.shapes import torch_dtype
+
+WARMUP_CALLS = 3
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--entry", required=True)
+    p.add_argument("--build", help="the variant's build verdict (not for sdpa)")
+    p.add_argument("--B", type=int, required=True)
+    p.add_argument("--H", type=int, required=True)
+    p.add_argument("--S", type=int, required=True)
+    p.add_argument("--D", type=int, required=True)
+    p.add_argument("--causal", type=int, required=True)
+    p.add_argument("--dtype", required=True)
+    args = p.parse_args()
+    import torch
+
+    q, k, v = make_qkv(args.B, args.H, args.S, args.D, torch_dtype(args.dtype), "cuda", 0)
+    scale, causal = 1.0 / math.sqrt(args.D), bool(args.causal)
+    out = torch.empty_like(q)
+    if args.entry == SDPA_ENTRY:
+        from evo_sdpa.runners import sdpa_forward
+
+        forward = sdpa_forward()
+    else:
+        from evo_sdpa.runners import load_forward
+        from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+        forward = load_forward(load_variant(KERNELS_DIR / args.entry), read_json(args.build).get("artifact"))
+    for _ in range(WARMUP_CALLS):
+        forward(q, k, v, out, causal, scale)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_push(NVTX_RANGE)
+    forward(q, k, v, out, causal, scale)
+    torch.cuda.synchronize()
+    torch.cuda.nvtx.range_pop()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""Stage: time one variant against SDPA in the same process on the bench suite."""
+from evo_sdpa.cli import config_arg, parser, setup_logging
+from evo_sdpa.config import suite_shapes
+from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
+from evo_sdpa.errors import run_stage
+from evo_sdpa.gating import blocked_by
+from evo_sdpa.io import read_json, write_json
+from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--variant", required=True)
+    p.add_argument("--env", required=True)
+    p.add_argument("--build", required=True)
+    p.add_argument("--sanitizer", required=True)
+    p.add_argument("--parity", required=True)
+    config_arg(p)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    log = setup_logging()
+    cfg = args.config_json
+    blocked = blocked_by(build=args.build, sanitizer=args.sanitizer, parity=args.parity)
+    if blocked:
+        result = {"status": "skipped", "reasons": [f"not measured: {blocked}"]}
+    elif not cuda_available():
+        result = {"status": "skipped", "reasons": [f"not measured: {NO_DEVICE_REASON}"]}
+    else:
+        from evo_sdpa.bench import run
+        from evo_sdpa.runners import load_forward
+        from evo_sdpa.tolerance import ToleranceRule
+
+        variant = load_variant(KERNELS_DIR / args.variant)
+        forward = load_forward(variant, read_json(args.build).get("artifact"))
+        env = read_json(args.env)
+        result = run(variant, forward, suite_shapes(cfg, cfg["bench_suite"]), cfg["dtypes"],
+                     cfg["timing"], ToleranceRule.from_config(cfg["tolerance"]), env.get("ceilings"), log)
+        result["device"] = env["device"]["name"]
+    result["variant"] = args.variant
+    log.info("bench %s: %s %s", args.variant, result["status"], "; ".join(result["reasons"]))
+    write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    run_stage(main)

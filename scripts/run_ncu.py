@@ -1,0 +1,49 @@
+"""Stage: Nsight Compute (--set full, clocks left alone) on one variant or SDPA's default."""
+from pathlib import Path
+
+from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
+from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
+from evo_sdpa.errors import run_stage
+from evo_sdpa.gating import blocked_by
+from evo_sdpa.io import write_json, write_text
+from evo_sdpa.profiling import SDPA_ENTRY, profile
+from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--entry", required=True, help="a variant name, or sdpa")
+    p.add_argument("--enabled", type=bool_arg, required=True)
+    config_arg(p)
+    p.add_argument("--csv", required=True)
+    p.add_argument("--status", required=True)
+    args = p.parse_args()
+    log = setup_logging()
+    cfg = args.config_json["profile"]
+    shape, dtype = cfg["shape"], cfg["dtype"]
+    results = Path(args.status).parents[2]
+    build = None if args.entry == SDPA_ENTRY else str(results / "build" / args.entry / "verdict.json")
+    why = None
+    if not args.enabled:
+        why = "disabled in the config (stages.ncu: false)"
+    elif args.entry != SDPA_ENTRY:
+        variant = load_variant(KERNELS_DIR / args.entry)
+        why = blocked_by(bench=str(results / "bench" / f"{args.entry}.json"))
+        why = f"not profiled: {why}" if why else variant.unsupported_reason(
+            dtype, shape["D"], shape["causal"], shape["S"])
+    if not why and not cuda_available():
+        why = f"not profiled: {NO_DEVICE_REASON}"
+    if why:
+        status, csv_text = {"status": "skipped", "reasons": [why]}, ""
+    else:
+        ncu = require_tool("ncu")
+        status, csv_text = profile(ncu, args.entry, build, shape, dtype, cfg["launch_count"],
+                                   Path(args.csv).parent)
+    status["entry"] = args.entry
+    log.info("ncu %s: %s %s", args.entry, status["status"], "; ".join(status["reasons"]))
+    write_text(args.csv, csv_text)
+    write_json(args.status, status)
+
+
+if __name__ == "__main__":
+    run_stage(main)

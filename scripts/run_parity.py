@@ -1,0 +1,66 @@
+"""Stage: the correctness matrix of one variant against a float64 reference and SDPA's own error."""
+import json
+import os
+import shlex
+
+from evo_sdpa.cli import config_arg, parser, setup_logging
+from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
+from evo_sdpa.errors import StageError, run_stage
+from evo_sdpa.gating import blocked_by, not_run
+from evo_sdpa.io import read_json, write_json
+from evo_sdpa.parity import build_matrix, run_case, verdict
+from evo_sdpa.tolerance import ToleranceRule
+from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--variant", required=True)
+    p.add_argument("--build", required=True)
+    config_arg(p)
+    p.add_argument("--out", required=True)
+    p.add_argument("--case", help="run only the case with this id (what a failure's repro names)")
+    args = p.parse_args()
+    log = setup_logging()
+    cfg = args.config_json
+    variant = load_variant(KERNELS_DIR / args.variant)
+    on_gpu = cuda_available()
+    tier_name = cfg["parity"]["tier"] if on_gpu else cfg["parity"]["cpu_tier"]
+    blocked = blocked_by(build=args.build)
+    if blocked:
+        write_json(args.out, not_run(f"not run: {blocked}", variant=args.variant))
+        return
+    if not on_gpu and variant.kind == "cuda":
+        write_json(args.out, not_run(f"not run: {NO_DEVICE_REASON} (a CUDA variant needs one)",
+                                     variant=args.variant))
+        return
+    if not on_gpu:
+        os.environ["TRITON_INTERPRET"] = "1"  # must be set before triton is first imported
+    from evo_sdpa.runners import load_forward
+
+    forward = load_forward(variant, read_json(args.build).get("artifact"))
+    cases = build_matrix(variant, cfg["parity"]["tiers"][tier_name])
+    if args.case:
+        cases = [c for c in cases if c.case_id == args.case]
+        if not cases:
+            raise StageError(f"no parity case {args.case!r} in tier {tier_name!r} for {args.variant}")
+    rule = ToleranceRule.from_config(cfg["tolerance"])
+    device = "cuda" if on_gpu else "cpu"
+    records = []
+    for case in cases:
+        record = run_case(case, forward, rule, device)
+        records.append(record)
+        if record["status"] != "pass":
+            log.info("FAIL %s: %s", record["id"], record["reason"])
+    repro = (f"python scripts/run_parity.py --variant {args.variant} --build {args.build} "
+             f"--config-json {shlex.quote(json.dumps(cfg))} --out /tmp/parity_case.json")
+    result = verdict(records, repro)
+    result.update(variant=args.variant, device=device, tier=tier_name,
+                  interpreter=(not on_gpu), tolerance=cfg["tolerance"], records=records)
+    log.info("parity %s: %s (%d/%d passed, tier %s on %s)", args.variant, result["status"],
+             result["passed"], result["cases"], tier_name, device)
+    write_json(args.out, result)
+
+
+if __name__ == "__main__":
+    run_stage(main)

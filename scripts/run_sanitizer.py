@@ -1,0 +1,48 @@
+"""Stage: compute-sanitizer's four tools over a small run of one variant; a verdict per tool."""
+import sys
+from pathlib import Path
+
+from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
+from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
+from evo_sdpa.errors import run_stage
+from evo_sdpa.gating import blocked_by, not_run
+from evo_sdpa.io import write_json
+from evo_sdpa.sanitizer import run_tools, verdict
+
+TARGET = Path(__file__).resolve().parent / "sanitizer_target.py"
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--variant", required=True)
+    p.add_argument("--build", required=True)
+    p.add_argument("--enabled", type=bool_arg, required=True)
+    config_arg(p)
+    p.add_argument("--verdict", required=True)
+    args = p.parse_args()
+    log = setup_logging()
+    cfg = args.config_json["sanitizer"]
+    blocked = blocked_by(build=args.build)
+    if not args.enabled:
+        result = not_run("disabled in the config (stages.sanitizer: false)", disabled=True)
+    elif blocked:
+        result = not_run(f"not run: {blocked}")
+    elif not cuda_available():
+        result = not_run(f"not run: {NO_DEVICE_REASON}")
+    else:
+        sanitizer = require_tool("compute-sanitizer")
+        shape = cfg["shape"]
+        target = [sys.executable, str(TARGET), "--variant", args.variant, "--build", args.build,
+                  "--B", str(shape["B"]), "--H", str(shape["H"]), "--S", str(shape["S"])]
+        log_dir = Path(args.verdict).parent
+        log_dir.mkdir(parents=True, exist_ok=True)
+        result = verdict(run_tools(sanitizer, cfg["tools"], cfg["padding_bytes"], target, log_dir))
+        result.update(shape=shape, padding_bytes=cfg["padding_bytes"],
+                      environment="PYTORCH_NO_CUDA_MEMORY_CACHING=1")
+    result["variant"] = args.variant
+    log.info("sanitizer %s: %s %s", args.variant, result["status"], "; ".join(result["reasons"]))
+    write_json(args.verdict, result)
+
+
+if __name__ == "__main__":
+    run_stage(main)

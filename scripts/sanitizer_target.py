@@ -1,0 +1,37 @@
+"""Run one variant once per supported (dtype, head dim, causal) on a small shape whose length is
+not a tile multiple: the process compute-sanitizer watches."""
+import math
+
+from evo_sdpa.cli import parser
+from evo_sdpa.inputs import make_qkv, poisoned_like
+from evo_sdpa.io import read_json
+from evo_sdpa.runners import load_forward
+from evo_sdpa.shapes import torch_dtype
+from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--variant", required=True)
+    p.add_argument("--build", required=True)
+    p.add_argument("--B", type=int, required=True)
+    p.add_argument("--H", type=int, required=True)
+    p.add_argument("--S", type=int, required=True)
+    args = p.parse_args()
+    import torch
+
+    variant = load_variant(KERNELS_DIR / args.variant)
+    forward = load_forward(variant, read_json(args.build).get("artifact"))
+    s = variant.support
+    for dtype in s["dtypes"]:
+        for D in s["head_dims"]:
+            for causal in s["causal"]:
+                q, k, v = make_qkv(args.B, args.H, args.S, D, torch_dtype(dtype), "cuda", 0)
+                out = poisoned_like(q)
+                forward(q, k, v, out, causal, 1.0 / math.sqrt(D))
+                torch.cuda.synchronize()
+                print(f"ran {dtype} D={D} causal={causal}: finite={bool(torch.isfinite(out).all())}")
+
+
+if __name__ == "__main__":
+    main()

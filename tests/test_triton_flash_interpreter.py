@@ -1,0 +1,175 @@
+"""kernels/triton_flash under the Triton interpreter, on CPU tensors: parity against a float64
+reference at the level of torch's own SDPA in the same dtype, masking, guards, API errors."""
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+
+import importlib.util
+import math
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from evo_sdpa.inputs import make_qkv, poisoned_like, reference
+from evo_sdpa.tolerance import error_stats
+
+REPO = Path(__file__).resolve().parents[1]
+VARIANT_DIR = REPO / "kernels" / "triton_flash"
+
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+# Half an ulp at 1.0: the floor when SDPA itself is exact (S=1: the output is v).
+ULP_FLOOR = {"fp16": 2.0**-11, "bf16": 2.0**-8}
+# (B, H, S): S not a tile multiple, below one tile, one row; batch and heads vary.
+SHAPES = [(1, 1, 1), (2, 1, 17), (1, 2, 127), (2, 2, 200)]
+
+
+def _load_kernel():
+    spec = importlib.util.spec_from_file_location("triton_flash_kernel", VARIANT_DIR / "kernel.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+kernel = _load_kernel()
+if not kernel._INTERPRETER:
+    pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set", allow_module_level=True)
+
+
+def _sdpa_err(q, k, v, causal, scale, ref):
+    sdpa_out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
+    return error_stats(sdpa_out, ref)["max_abs"]
+
+
+@pytest.mark.parametrize("distribution", ["normal", "large", "near_constant"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+def test_parity_with_sdpa_level_error(dtype, head_dim, causal, distribution):
+    for case, (B, H, S) in enumerate(SHAPES):
+        q, k, v = make_qkv(B, H, S, head_dim, DTYPES[dtype], "cpu", seed=1000 + case,
+                           distribution=distribution)
+        scale = 1.0 / math.sqrt(head_dim)
+        out = poisoned_like(q)
+        kernel.forward(q, k, v, out, causal, scale)
+
+        ref = reference(q, k, v, causal, scale)
+        err = error_stats(out, ref)
+        sdpa_err = _sdpa_err(q, k, v, causal, scale, ref)
+        where = f"{dtype} D={head_dim} causal={causal} {distribution} B,H,S={B},{H},{S}"
+        assert err["nonfinite"] == 0, f"{where}: {err['nonfinite']} NaN/Inf (unwritten or overflow)"
+        # measured worst ratio over this matrix: 1.23x SDPA's own error
+        assert err["max_abs"] <= 1.5 * sdpa_err + ULP_FLOOR[dtype], (
+            f"{where}: max abs err {err['max_abs']:.3e} vs SDPA's {sdpa_err:.3e}")
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_deterministic_and_reads_nothing_past_the_inputs(causal):
+    """Two runs agree bitwise; rows >= S are neither read from k/v nor written to out."""
+    B, H, S, D = 1, 2, 77, 64
+    q, k, v = make_qkv(B, H, S, D, torch.bfloat16, "cpu", seed=7)
+    numel, guard = q.numel(), 4 * D
+
+    def guarded(t, fill):
+        # t followed in memory by `guard` elements of `fill`; the view is contiguous
+        storage = torch.full((numel + guard,), fill, dtype=t.dtype)
+        storage[:numel] = t.reshape(-1)
+        return storage, storage[:numel].view(t.shape)
+
+    _, k_g = guarded(k, float("nan"))  # a read past the end of k or v would spread NaN
+    _, v_g = guarded(v, float("nan"))
+    out_storage, out = guarded(q, 12345.0)
+    out.fill_(float("nan"))
+    kernel.forward(q, k_g, v_g, out, causal, 0.125)
+    assert torch.all(out_storage[numel:] == 12345.0), "wrote past the last row of out"
+    assert torch.isfinite(out).all()
+
+    again = poisoned_like(q)
+    kernel.forward(q, k, v, again, causal, 0.125)
+    assert torch.equal(out, again), "two runs on the same input differ"
+
+
+def test_causal_first_row_is_first_value_row():
+    """Query 0 sees only key 0, so its output is v[..., 0, :] exactly (softmax of one score)."""
+    q, k, v = make_qkv(2, 2, 130, 128, torch.float16, "cpu", seed=3, distribution="large")
+    out = poisoned_like(q)
+    kernel.forward(q, k, v, out, True, 0.1)
+    assert torch.equal(out[:, :, 0, :], v[:, :, 0, :])
+
+
+@pytest.mark.parametrize("block_m,block_n", [(64, 128), (32, 16)])
+def test_other_tile_shapes(monkeypatch, block_m, block_n):
+    """The diagonal logic holds when BLOCK_N > BLOCK_M and for small tiles too."""
+    monkeypatch.setitem(kernel.LAUNCH_CONFIGS, 64,
+                        {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2})
+    for causal in (False, True):
+        q, k, v = make_qkv(1, 2, 150, 64, torch.float16, "cpu", seed=11)
+        out = poisoned_like(q)
+        kernel.forward(q, k, v, out, causal, 0.125)
+        ref = reference(q, k, v, causal, 0.125)
+        err = error_stats(out, ref)["max_abs"]
+        assert err <= 1.5 * _sdpa_err(q, k, v, causal, 0.125, ref) + ULP_FLOOR["fp16"]
+
+
+def test_large_sequence_time_under_interpreter():
+    """S=1000, D=128: the CPU parity tier's largest case must stay cheap (measured ~1 s)."""
+    q, k, v = make_qkv(1, 1, 1000, 128, torch.bfloat16, "cpu", seed=5)
+    out = poisoned_like(q)
+    start = time.perf_counter()
+    kernel.forward(q, k, v, out, False, 128**-0.5)
+    elapsed_s = time.perf_counter() - start
+    ref = reference(q, k, v, False, 128**-0.5)
+    assert error_stats(out, ref)["max_abs"] <= 1.5 * _sdpa_err(q, k, v, False, 128**-0.5, ref) + ULP_FLOOR["bf16"]
+    assert elapsed_s < 20.0, f"one interpreter call took {elapsed_s:.1f} s"
+
+
+def _qkv_out(shape=(1, 1, 16, 64), dtype=torch.float16):
+    q, k, v = make_qkv(*shape, dtype, "cpu", seed=0)
+    return q, k, v, torch.empty_like(q)
+
+
+@pytest.mark.parametrize("problem", ["fp32", "head_dim_96", "non_contiguous", "key_length",
+                                     "mixed_dtype", "three_dims"])
+def test_rejects_unsupported_inputs(problem):
+    q, k, v, out = _qkv_out()
+    if problem == "fp32":
+        q, k, v, out = (t.float() for t in (q, k, v, out))
+    elif problem == "head_dim_96":
+        q, k, v, out = _qkv_out((1, 1, 16, 96))
+    elif problem == "non_contiguous":
+        q = torch.randn(1, 1, 64, 16, dtype=torch.float16).transpose(-1, -2)
+    elif problem == "key_length":
+        k = torch.randn(1, 1, 32, 64, dtype=torch.float16)
+    elif problem == "mixed_dtype":
+        v = v.to(torch.bfloat16)
+    elif problem == "three_dims":
+        q, k, v, out = (t[0] for t in (q, k, v, out))
+    with pytest.raises(ValueError):
+        kernel.forward(q, k, v, out, False, 0.125)
+
+
+def test_compiled_resources_empty_under_interpreter():
+    q, k, v, out = _qkv_out()
+    kernel.forward(q, k, v, out, True, 0.125)
+    assert kernel.compiled_resources() == []
+
+
+def test_metadata_matches_launch_table():
+    from evo_sdpa.variants import load_variant
+
+    variant = load_variant(VARIANT_DIR)
+    assert variant.kind == "triton" and variant.name == "triton_flash"
+    assert sorted(variant.support["head_dims"]) == sorted(kernel.LAUNCH_CONFIGS)
+    tunables = yaml.safe_load((VARIANT_DIR / "variant.yaml").read_text())["tunables"]
+    for head_dim, config in kernel.LAUNCH_CONFIGS.items():
+        for knob, value in config.items():
+            default = tunables[knob]["default"]
+            if isinstance(default, dict):
+                default = default[str(head_dim)]
+            assert value == default, f"D={head_dim} {knob}: kernel.py {value}, variant.yaml {default}"
+            assert value in tunables[knob]["values"]
+    import re
+
+    assert re.search(variant.kernel_regex, kernel._triton_flash_fwd.fn.__name__)

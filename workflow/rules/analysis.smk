@@ -1,0 +1,17 @@
+rule analysis:
+    input:
+        env=rules.env_capture.output.json,
+        csv=rules.ncu.output.csv,
+        status=rules.ncu.output.status,
+        **stage_inputs("scripts/analyze_profile.py"),
+    output:
+        json="results/analysis/{variant}/bottlenecks.json",
+        md="results/analysis/{variant}/bottlenecks.md",
+    log:
+        "results/logs/analysis/{variant}.log",
+    params:
+        cfg=config_json("profile"),
+    shell:
+        "{PYTHON} {input.script} --entry {wildcards.variant} --env {input.env} --csv {input.csv}"
+        " --status {input.status} --config-json {params.cfg:q} --json {output.json}"
+        " --md {output.md} > {log} 2>&1"

@@ -1,0 +1,17 @@
+rule sdpa_baseline:
+    input:
+        env=rules.env_capture.output.json,
+        **stage_inputs("scripts/run_baseline.py"),
+    output:
+        json="results/baseline/sdpa.json",
+        csv="results/baseline/sdpa.csv",
+    log:
+        "results/logs/sdpa_baseline.log",
+    params:
+        device=DEVICE_ID,
+        cfg=config_json("shape_suites", "baseline_suite", "dtypes", "timing", "cpu_baseline_max_gflop"),
+    resources:
+        gpu=1 if GPU else 0,
+    shell:
+        "{PYTHON} {input.script} --env {input.env} --config-json {params.cfg:q}"
+        " --json {output.json} --csv {output.csv} > {log} 2>&1"

@@ -1,0 +1,21 @@
+rule bench:
+    input:
+        env=rules.env_capture.output.json,
+        build=rules.build_variant.output.verdict,
+        sanitizer=rules.sanitizer.output.verdict,
+        parity=rules.parity.output.json,
+        sources=get_variant_sources,
+        **stage_inputs("scripts/run_bench.py"),
+    output:
+        json="results/bench/{variant}.json",
+    log:
+        "results/logs/bench/{variant}.log",
+    params:
+        device=DEVICE_ID,
+        cfg=config_json("shape_suites", "bench_suite", "dtypes", "timing", "tolerance"),
+    resources:
+        gpu=1 if GPU else 0,
+    shell:
+        "{PYTHON} {input.script} --variant {wildcards.variant} --env {input.env}"
+        " --build {input.build} --sanitizer {input.sanitizer} --parity {input.parity}"
+        " --config-json {params.cfg:q} --out {output.json} > {log} 2>&1"

@@ -1,0 +1,20 @@
+rule build_variant:
+    input:
+        sources=get_variant_sources,
+        **stage_inputs("scripts/build_variant.py"),
+    output:
+        verdict="results/build/{variant}/verdict.json",
+        resources="results/build/{variant}/resources.json",
+        compiler_log="results/build/{variant}/compiler.log",
+    log:
+        "results/logs/build/{variant}.log",
+    params:
+        cc=BUILD_CC,
+        device=DEVICE_ID,
+        cfg=config_json("build"),
+    resources:
+        gpu=build_gpu_slots,
+    shell:
+        "{PYTHON} {input.script} --variant {wildcards.variant} --compute-capability {params.cc}"
+        " --verdict {output.verdict} --resources {output.resources}"
+        " --compiler-log {output.compiler_log} > {log} 2>&1"

@@ -1,0 +1,13 @@
+rule env_capture:
+    input:
+        **stage_inputs("scripts/capture_env.py"),
+    output:
+        json="results/env/environment.json",
+    log:
+        "results/logs/env_capture.log",
+    params:
+        device=DEVICE_ID,
+    resources:
+        gpu=1 if GPU else 0,
+    shell:
+        "{PYTHON} {input.script} --out {output.json} > {log} 2>&1"

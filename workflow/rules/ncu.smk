@@ -1,0 +1,18 @@
+rule ncu:
+    input:
+        unpack(get_profile_inputs),
+        **stage_inputs("scripts/run_ncu.py", "scripts/ncu_target.py"),
+    output:
+        csv="results/nsight/{variant}/report.csv",
+        status="results/nsight/{variant}/status.json",
+    log:
+        "results/logs/ncu/{variant}.log",
+    params:
+        device=DEVICE_ID,
+        enabled=config["stages"]["ncu"],
+        cfg=config_json("profile"),
+    resources:
+        gpu=1 if GPU else 0,
+    shell:
+        "{PYTHON} {input.script} --entry {wildcards.variant} --enabled {params.enabled}"
+        " --config-json {params.cfg:q} --csv {output.csv} --status {output.status} > {log} 2>&1"

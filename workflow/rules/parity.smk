@@ -1,0 +1,17 @@
+rule parity:
+    input:
+        build=rules.build_variant.output.verdict,
+        sources=get_variant_sources,
+        **stage_inputs("scripts/run_parity.py"),
+    output:
+        json="results/parity/{variant}.json",
+    log:
+        "results/logs/parity/{variant}.log",
+    params:
+        device=DEVICE_ID,
+        cfg=config_json("parity", "tolerance"),
+    resources:
+        gpu=1 if GPU else 0,
+    shell:
+        "{PYTHON} {input.script} --variant {wildcards.variant} --build {input.build}"
+        " --config-json {params.cfg:q} --out {output.json} > {log} 2>&1"

@@ -1,0 +1,19 @@
+rule sanitizer:
+    input:
+        build=rules.build_variant.output.verdict,
+        sources=get_variant_sources,
+        **stage_inputs("scripts/run_sanitizer.py", "scripts/sanitizer_target.py"),
+    output:
+        verdict="results/sanitizer/{variant}/verdict.json",
+    log:
+        "results/logs/sanitizer/{variant}.log",
+    params:
+        device=DEVICE_ID,
+        enabled=config["stages"]["sanitizer"],
+        cfg=config_json("sanitizer"),
+    resources:
+        gpu=1 if GPU else 0,
+    shell:
+        "{PYTHON} {input.script} --variant {wildcards.variant} --build {input.build}"
+        " --enabled {params.enabled} --config-json {params.cfg:q} --verdict {output.verdict}"
+        " > {log} 2>&1"

@@ -1,0 +1,32 @@
+rule final_summary:
+    input:
+        unpack(lambda wildcards: summary_inputs()),
+        **stage_inputs("scripts/summarize.py"),
+    output:
+        md="results/final/final_summary.md",
+        leaderboard="results/final/leaderboard.json",
+        plot="results/final/speedup.png",
+    log:
+        "results/logs/final_summary.log",
+    params:
+        variants=SELECTED,
+        cfg=config_json("gates", "bench_suite", "shape_suites", "profile"),
+    shell:
+        "{PYTHON} {input.script} --results results --variants {params.variants}"
+        " --config-json {params.cfg:q} --md {output.md} --leaderboard {output.leaderboard}"
+        " --plot {output.plot} > {log} 2>&1"
+
+
+rule gates:
+    input:
+        leaderboard=rules.final_summary.output.leaderboard,
+        **stage_inputs("scripts/check_gates.py"),
+    output:
+        "results/final/gates.json",
+    log:
+        "results/logs/gates.log",
+    params:
+        cfg=config_json("gates"),
+    shell:
+        "{PYTHON} {input.script} --leaderboard {input.leaderboard} --config-json {params.cfg:q}"
+        " --out {output} 2> {log}"
