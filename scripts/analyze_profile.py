@@ -2,6 +2,7 @@
 from evo_sdpa.bottlenecks import analyze, render_markdown
 from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.errors import run_stage
+from evo_sdpa.gating import root_cause, skipped_for
 from evo_sdpa.io import read_json, write_json, write_text
 from evo_sdpa.ncu import read_raw_csv
 from evo_sdpa.shapes import Shape
@@ -21,9 +22,8 @@ def main() -> None:
     status = read_json(args.status)
     title = f"Bottlenecks: {args.entry}"
     if status["status"] != "measured":
-        reason = "; ".join(status["reasons"]) or status["status"]
-        result = {"entry": args.entry, "status": "skipped", "reasons": [f"no profile: {reason}"]}
-        markdown = f"# {title}\n\nNot analysed: no profile ({reason}).\n"
+        result = skipped_for("not analysed", root_cause("ncu", status), entry=args.entry)
+        markdown = f"# {title}\n\n{result['reasons'][0]}.\n"
     else:
         profile_cfg = args.config_json["profile"]
         shape = Shape.from_dict(profile_cfg["shape"])

@@ -3,7 +3,7 @@ from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.config import suite_shapes
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
 from evo_sdpa.errors import run_stage
-from evo_sdpa.gating import blocked_by
+from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import read_json, write_json
 from evo_sdpa.variants import KERNELS_DIR, load_variant
 
@@ -20,11 +20,11 @@ def main() -> None:
     args = p.parse_args()
     log = setup_logging()
     cfg = args.config_json
-    blocked = blocked_by(build=args.build, sanitizer=args.sanitizer, parity=args.parity)
-    if blocked:
-        result = {"status": "skipped", "reasons": [f"not measured: {blocked}"]}
-    elif not cuda_available():
-        result = {"status": "skipped", "reasons": [f"not measured: {NO_DEVICE_REASON}"]}
+    cause = blocked_by(build=args.build, sanitizer=args.sanitizer, parity=args.parity)
+    if not cuda_available():
+        result = skipped(f"not measured: {NO_DEVICE_REASON}")
+    elif cause:
+        result = skipped_for("not measured", cause)
     else:
         from evo_sdpa.bench import run
         from evo_sdpa.runners import load_forward

@@ -4,10 +4,27 @@ from pathlib import Path
 from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
 from evo_sdpa.errors import run_stage
-from evo_sdpa.gating import blocked_by
+from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json, write_text
 from evo_sdpa.profiling import SDPA_ENTRY, profile
 from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+
+def reason_not_to_profile(entry: str, enabled: bool, results: Path, shape: dict, dtype: str) -> dict | None:
+    """A skipped record when this entry is not to be profiled here, else None."""
+    if not enabled:
+        return skipped("disabled in the config (stages.ncu: false)", disabled=True)
+    if not cuda_available():
+        return skipped(f"not profiled: {NO_DEVICE_REASON}")
+    if entry == SDPA_ENTRY:
+        return None
+    cause = blocked_by(bench=str(results / "bench" / f"{entry}.json"))
+    if cause:
+        return skipped_for("not profiled", cause)
+    why = load_variant(KERNELS_DIR / entry).unsupported_reason(dtype, shape["D"], shape["causal"], shape["S"])
+    if why:
+        return skipped(f"not profiled: the profile shape is outside its support ({why})")
+    return None
 
 
 def main() -> None:
@@ -23,18 +40,9 @@ def main() -> None:
     shape, dtype = cfg["shape"], cfg["dtype"]
     results = Path(args.status).parents[2]
     build = None if args.entry == SDPA_ENTRY else str(results / "build" / args.entry / "verdict.json")
-    why = None
-    if not args.enabled:
-        why = "disabled in the config (stages.ncu: false)"
-    elif args.entry != SDPA_ENTRY:
-        variant = load_variant(KERNELS_DIR / args.entry)
-        why = blocked_by(bench=str(results / "bench" / f"{args.entry}.json"))
-        why = f"not profiled: {why}" if why else variant.unsupported_reason(
-            dtype, shape["D"], shape["causal"], shape["S"])
-    if not why and not cuda_available():
-        why = f"not profiled: {NO_DEVICE_REASON}"
-    if why:
-        status, csv_text = {"status": "skipped", "reasons": [why]}, ""
+    skip = reason_not_to_profile(args.entry, args.enabled, results, shape, dtype)
+    if skip:
+        status, csv_text = skip, ""
     else:
         ncu = require_tool("ncu")
         status, csv_text = profile(ncu, args.entry, build, shape, dtype, cfg["launch_count"],

@@ -6,7 +6,7 @@ import shlex
 from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
 from evo_sdpa.errors import StageError, run_stage
-from evo_sdpa.gating import blocked_by, not_run
+from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import read_json, write_json
 from evo_sdpa.parity import build_matrix, run_case, verdict
 from evo_sdpa.tolerance import ToleranceRule
@@ -26,12 +26,12 @@ def main() -> None:
     variant = load_variant(KERNELS_DIR / args.variant)
     on_gpu = cuda_available()
     tier_name = cfg["parity"]["tier"] if on_gpu else cfg["parity"]["cpu_tier"]
-    blocked = blocked_by(build=args.build)
-    if blocked:
-        write_json(args.out, not_run(f"not run: {blocked}", variant=args.variant))
+    cause = blocked_by(build=args.build)
+    if cause:
+        write_json(args.out, skipped_for("not run", cause, variant=args.variant))
         return
     if not on_gpu and variant.kind == "cuda":
-        write_json(args.out, not_run(f"not run: {NO_DEVICE_REASON} (a CUDA variant needs one)",
+        write_json(args.out, skipped(f"not run: {NO_DEVICE_REASON} (a CUDA variant needs one)",
                                      variant=args.variant))
         return
     if not on_gpu:

@@ -5,7 +5,7 @@ from pathlib import Path
 from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
 from evo_sdpa.errors import run_stage
-from evo_sdpa.gating import blocked_by, not_run
+from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json
 from evo_sdpa.sanitizer import run_tools, verdict
 
@@ -22,13 +22,13 @@ def main() -> None:
     args = p.parse_args()
     log = setup_logging()
     cfg = args.config_json["sanitizer"]
-    blocked = blocked_by(build=args.build)
+    cause = blocked_by(build=args.build)
     if not args.enabled:
-        result = not_run("disabled in the config (stages.sanitizer: false)", disabled=True)
-    elif blocked:
-        result = not_run(f"not run: {blocked}")
+        result = skipped("disabled in the config (stages.sanitizer: false)", disabled=True)
     elif not cuda_available():
-        result = not_run(f"not run: {NO_DEVICE_REASON}")
+        result = skipped(f"not run: {NO_DEVICE_REASON}")
+    elif cause:
+        result = skipped_for("not run", cause)
     else:
         sanitizer = require_tool("compute-sanitizer")
         shape = cfg["shape"]

@@ -1,15 +1,24 @@
-"""Whether a stage may run given the verdicts before it: a variant that failed a correctness
-gate is never measured, and the record says where it fell out of the funnel."""
+"""Whether a stage may run given the records before it: a variant that failed a correctness
+gate is never measured, and every skipped record names the root cause (the first stage that
+did not pass, and why), so the funnel shows where a variant fell out."""
 from __future__ import annotations
 
 from .io import read_json
 
 
-def blocked_by(**upstream_paths: str) -> str | None:
-    """The first upstream stage (in argument order) that did not pass, as a reason, else None.
+def root_cause(stage: str, record: dict) -> dict:
+    """The cause a record carries: its own `cause` when it was itself skipped for an earlier
+    stage, else this stage's status and reasons."""
+    if record.get("cause"):
+        return record["cause"]
+    reason = "; ".join(record.get("reasons", [])) or record.get("reason", "")
+    return {"stage": stage, "status": record.get("status"), "reason": reason}
 
-    A sanitizer skipped because it is disabled in the config does not block; any other skip
-    (no device, build skipped) does, since nothing was checked."""
+
+def blocked_by(**upstream_paths: str) -> dict | None:
+    """The root cause of the first upstream stage (in argument order) that did not pass, or None.
+
+    A sanitizer switched off in the config does not block: nothing was found wrong."""
     for stage, path in upstream_paths.items():
         record = read_json(path)
         status = record.get("status")
@@ -17,11 +26,22 @@ def blocked_by(**upstream_paths: str) -> str | None:
             continue
         if stage == "sanitizer" and status == "skipped" and record.get("disabled"):
             continue
-        why = "; ".join(record.get("reasons", [])) or record.get("reason", "")
-        word = "failed" if status == "fail" else status
-        return f"{word} {stage}" + (f": {why}" if why else "")
+        return root_cause(stage, record)
     return None
 
 
-def not_run(reason: str, **extra) -> dict:
-    return {"status": "skipped", "reasons": [reason], **extra}
+def describe(cause: dict) -> str:
+    word = "failed" if cause["status"] == "fail" else cause["status"]
+    return f"{cause['stage']} {word}" + (f" ({cause['reason']})" if cause["reason"] else "")
+
+
+def skipped(reason: str, cause: dict | None = None, **extra) -> dict:
+    record = {"status": "skipped", "reasons": [reason], **extra}
+    if cause:
+        record["cause"] = cause
+    return record
+
+
+def skipped_for(verb: str, cause: dict, **extra) -> dict:
+    """A record for a stage that did not run because an earlier one did not pass."""
+    return skipped(f"{verb}: {describe(cause)}", cause, **extra)

@@ -57,16 +57,20 @@ def top_findings(analysis: dict) -> list[dict]:
 def variant_entry(results: Path, name: str) -> dict:
     records = {stage: read_json(path) for stage, path in stage_paths(results, name).items()}
     funnel = {stage: records[stage]["status"] for stage in STAGES}
-    fell_out = next((stage for stage in STAGES if funnel[stage] not in PASSING
-                     and not (stage == "sanitizer" and records[stage].get("disabled"))), None)
+    fell_out = next((stage for stage in STAGES if funnel[stage] == "fail"), None)
+    stopped = next((stage for stage in STAGES if funnel[stage] == "skipped"
+                    and not records[stage].get("disabled")), None)
     build = records["build"]
     speedups = speedup_rows(records["bench"])
     return {
         "name": name,
         "kind": build.get("kind"),
         "funnel": funnel,
-        "reasons": {stage: _reason(records[stage]) for stage in STAGES if funnel[stage] not in PASSING},
+        # Only each stage's own reason: a stage skipped because of an earlier one adds nothing.
+        "reasons": {stage: _reason(records[stage]) for stage in STAGES
+                    if funnel[stage] not in PASSING and not records[stage].get("cause")},
         "fell_out_at": fell_out,
+        "stopped_at": None if fell_out else stopped,
         "parity": {k: records["parity"].get(k) for k in ("cases", "passed", "failed", "tier", "device",
                                                           "first_failure", "worst_passing_max_abs")},
         "sanitizer_tools": records["sanitizer"].get("tools", []),
