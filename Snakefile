@@ -9,6 +9,12 @@ configfile: "config/config.yaml"
 
 
 include: "workflow/rules/common.smk"
+
+
+wildcard_constraints:
+    variant="[A-Za-z0-9_]+",
+
+
 include: "workflow/rules/env.smk"
 include: "workflow/rules/baseline.smk"
 include: "workflow/rules/build.smk"

@@ -9,9 +9,11 @@ rule analysis:
         md="results/analysis/{variant}/bottlenecks.md",
     log:
         "results/logs/analysis/{variant}.log",
+    conda:
+        "../../envs/runtime.yaml"
     params:
         cfg=config_json("profile"),
     shell:
-        "{PYTHON} {input.script} --entry {wildcards.variant} --env {input.env} --csv {input.csv}"
+        "python3 {input.script} --entry {wildcards.variant} --env {input.env} --csv {input.csv}"
         " --status {input.status} --config-json {params.cfg:q} --json {output.json}"
         " --md {output.md} > {log} 2>&1"

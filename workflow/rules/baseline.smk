@@ -7,11 +7,13 @@ rule sdpa_baseline:
         csv="results/baseline/sdpa.csv",
     log:
         "results/logs/sdpa_baseline.log",
+    conda:
+        "../../envs/runtime.yaml"
     params:
         device=DEVICE_ID,
         cfg=config_json("shape_suites", "baseline_suite", "dtypes", "timing", "cpu_baseline_max_gflop"),
     resources:
         gpu=1 if GPU else 0,
     shell:
-        "{PYTHON} {input.script} --env {input.env} --config-json {params.cfg:q}"
+        "python3 {input.script} --env {input.env} --config-json {params.cfg:q}"
         " --json {output.json} --csv {output.csv} > {log} 2>&1"

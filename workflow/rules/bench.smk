@@ -10,12 +10,14 @@ rule bench:
         json="results/bench/{variant}.json",
     log:
         "results/logs/bench/{variant}.log",
+    conda:
+        "../../envs/runtime.yaml"
     params:
         device=DEVICE_ID,
         cfg=config_json("shape_suites", "bench_suite", "dtypes", "timing", "tolerance"),
     resources:
         gpu=1 if GPU else 0,
     shell:
-        "{PYTHON} {input.script} --variant {wildcards.variant} --env {input.env}"
+        "python3 {input.script} --variant {wildcards.variant} --env {input.env}"
         " --build {input.build} --sanitizer {input.sanitizer} --parity {input.parity}"
         " --config-json {params.cfg:q} --out {output.json} > {log} 2>&1"

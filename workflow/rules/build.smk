@@ -8,6 +8,8 @@ rule build_variant:
         compiler_log="results/build/{variant}/compiler.log",
     log:
         "results/logs/build/{variant}.log",
+    conda:
+        "../../envs/cuda.yaml"
     params:
         cc=BUILD_CC,
         device=DEVICE_ID,
@@ -15,6 +17,6 @@ rule build_variant:
     resources:
         gpu=build_gpu_slots,
     shell:
-        "{PYTHON} {input.script} --variant {wildcards.variant} --compute-capability {params.cc}"
+        "python3 {input.script} --variant {wildcards.variant} --compute-capability {params.cc}"
         " --verdict {output.verdict} --resources {output.resources}"
         " --compiler-log {output.compiler_log} > {log} 2>&1"

@@ -11,7 +11,6 @@ from evo_sdpa.device import device_id, query_gpu
 from evo_sdpa.errors import StageError
 from evo_sdpa.variants import RESERVED, discover, select, variant_files
 
-PYTHON = sys.executable
 ABI_HEADER = "kernels/common/evo_sdpa_abi.h"
 SDPA_ENTRY = "sdpa"  # the reference entry beside the variants in the profile and analysis stages
 
@@ -34,10 +33,6 @@ DEVICE_ID = device_id(GPU)
 BUILD_CC = GPU.compute_capability if GPU else config["build"]["default_compute_capability"]
 
 
-wildcard_constraints:
-    variant="[A-Za-z0-9_]+",
-
-
 def known_variant(variant):
     if variant not in VARIANTS:
         stop(f"unknown variant {variant!r}: known variants are "
@@ -55,7 +50,7 @@ def stage_inputs(script, *extra):
 
 
 def config_json(*keys):
-    """The config slices a rule reads, as one JSON param: changing them reruns the rule."""
+    """The config slices a job reads, as one JSON param (changing them reruns its jobs)."""
     return json.dumps({key: config[key] for key in keys}, sort_keys=True)
 
 

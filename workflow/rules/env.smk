@@ -5,9 +5,11 @@ rule env_capture:
         json="results/env/environment.json",
     log:
         "results/logs/env_capture.log",
+    conda:
+        "../../envs/cuda.yaml"
     params:
         device=DEVICE_ID,
     resources:
         gpu=1 if GPU else 0,
     shell:
-        "{PYTHON} {input.script} --out {output.json} > {log} 2>&1"
+        "python3 {input.script} --out {output.json} > {log} 2>&1"

@@ -7,6 +7,8 @@ rule ncu:
         status="results/nsight/{variant}/status.json",
     log:
         "results/logs/ncu/{variant}.log",
+    conda:
+        "../../envs/cuda.yaml"
     params:
         device=DEVICE_ID,
         enabled=config["stages"]["ncu"],
@@ -14,5 +16,5 @@ rule ncu:
     resources:
         gpu=1 if GPU else 0,
     shell:
-        "{PYTHON} {input.script} --entry {wildcards.variant} --enabled {params.enabled}"
+        "python3 {input.script} --entry {wildcards.variant} --enabled {params.enabled}"
         " --config-json {params.cfg:q} --csv {output.csv} --status {output.status} > {log} 2>&1"

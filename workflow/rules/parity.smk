@@ -7,11 +7,13 @@ rule parity:
         json="results/parity/{variant}.json",
     log:
         "results/logs/parity/{variant}.log",
+    conda:
+        "../../envs/runtime.yaml"
     params:
         device=DEVICE_ID,
         cfg=config_json("parity", "tolerance"),
     resources:
         gpu=1 if GPU else 0,
     shell:
-        "{PYTHON} {input.script} --variant {wildcards.variant} --build {input.build}"
+        "python3 {input.script} --variant {wildcards.variant} --build {input.build}"
         " --config-json {params.cfg:q} --out {output.json} > {log} 2>&1"

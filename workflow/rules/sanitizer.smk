@@ -7,6 +7,8 @@ rule sanitizer:
         verdict="results/sanitizer/{variant}/verdict.json",
     log:
         "results/logs/sanitizer/{variant}.log",
+    conda:
+        "../../envs/cuda.yaml"
     params:
         device=DEVICE_ID,
         enabled=config["stages"]["sanitizer"],
@@ -14,6 +16,6 @@ rule sanitizer:
     resources:
         gpu=1 if GPU else 0,
     shell:
-        "{PYTHON} {input.script} --variant {wildcards.variant} --build {input.build}"
+        "python3 {input.script} --variant {wildcards.variant} --build {input.build}"
         " --enabled {params.enabled} --config-json {params.cfg:q} --verdict {output.verdict}"
         " > {log} 2>&1"

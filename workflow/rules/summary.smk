@@ -8,11 +8,13 @@ rule final_summary:
         plot="results/final/speedup.png",
     log:
         "results/logs/final_summary.log",
+    conda:
+        "../../envs/runtime.yaml"
     params:
         variants=SELECTED,
         cfg=config_json("gates", "bench_suite", "shape_suites", "profile"),
     shell:
-        "{PYTHON} {input.script} --results results --variants {params.variants}"
+        "python3 {input.script} --results results --variants {params.variants}"
         " --config-json {params.cfg:q} --md {output.md} --leaderboard {output.leaderboard}"
         " --plot {output.plot} > {log} 2>&1"
 
@@ -25,8 +27,10 @@ rule gates:
         "results/final/gates.json",
     log:
         "results/logs/gates.log",
+    conda:
+        "../../envs/runtime.yaml"
     params:
         cfg=config_json("gates"),
     shell:
-        "{PYTHON} {input.script} --leaderboard {input.leaderboard} --config-json {params.cfg:q}"
+        "python3 {input.script} --leaderboard {input.leaderboard} --config-json {params.cfg:q}"
         " --out {output} 2> {log}"

@@ -1,0 +1,186 @@
+"""The workflow as a user drives it: lint, dry-runs, one-line errors, what reruns after an edit,
+and one end-to-end run of the whole DAG on a small CPU configuration."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SNAKEMAKE = [sys.executable, "-m", "snakemake"]
+TREE = ["Snakefile", "workflow", "config", "kernels", "scripts"]
+CPU_ENV = {**os.environ, "EVO_SDPA_FORCE_CPU": "1",
+           "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+VARIANTS = ("triton_flash", "v1_scalar")
+CHAIN = ("build_variant", "sanitizer", "parity", "bench", "ncu", "analysis")
+
+
+def copy_tree(dest: Path) -> Path:
+    for name in TREE:
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+    return dest
+
+
+def snakemake(cwd: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    proc = subprocess.run(SNAKEMAKE + list(args), cwd=cwd, env=CPU_ENV, capture_output=True,
+                          text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"snakemake {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def planned_jobs(cwd: Path, *args: str) -> set[tuple[str, str]]:
+    """(rule, variant or '') for every job a dry-run would run."""
+    out = snakemake(cwd, "-n", "--configfile", "config/test.yaml", *args).stdout
+    jobs = set()
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
+        match = re.match(r"(?:local)?rule (\w+):", block.strip())
+        if match:
+            wildcard = re.search(r"wildcards: variant=(\w+)", block)
+            jobs.add((match.group(1), wildcard.group(1) if wildcard else ""))
+    return jobs
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory) -> Path:
+    """The whole DAG run once on the small CPU config in a copy of the repository."""
+    root = copy_tree(tmp_path_factory.mktemp("evo"))
+    snakemake(root, "--cores", "2", "--configfile", "config/test.yaml", "results/final/final_summary.md")
+    return root
+
+
+def test_lint_is_clean():
+    proc = snakemake(REPO, "--lint", check=False)
+    assert proc.returncode == 0, proc.stderr
+    assert "Lints for" not in proc.stdout + proc.stderr
+
+
+def test_dry_run_plans_every_stage_for_every_variant(tmp_path):
+    jobs = planned_jobs(copy_tree(tmp_path))
+    for variant in VARIANTS:
+        for rule in CHAIN:
+            assert (rule, variant) in jobs
+    assert ("ncu", "sdpa") in jobs and ("analysis", "sdpa") in jobs
+    assert {("env_capture", ""), ("sdpa_baseline", ""), ("final_summary", "")} <= jobs
+    assert ("build_variant", "sdpa") not in jobs
+
+
+def test_one_variant_chain_to_its_profile(tmp_path):
+    jobs = planned_jobs(copy_tree(tmp_path), "results/nsight/v1_scalar/report.csv")
+    assert {rule for rule, variant in jobs if variant == "v1_scalar"} == {
+        "build_variant", "sanitizer", "parity", "bench", "ncu"}
+    assert not any(variant == "triton_flash" for _, variant in jobs)
+    assert ("final_summary", "") not in jobs
+
+
+def one_line_error(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("evo-sdpa:")]
+    assert len(lines) == 1, proc.stderr
+    return lines[0]
+
+
+def test_bad_config_key_stops_before_any_job(tmp_path):
+    root = copy_tree(tmp_path)
+    (root / "bad.yaml").write_text("timing:\n  min_sampels: 3\n")
+    line = one_line_error(snakemake(root, "-n", "--configfile", "bad.yaml", check=False))
+    assert "timing.min_sampels" in line and "min_samples" in line
+    assert not (root / "results").exists()
+
+
+def test_bad_config_value_names_what_is_allowed(tmp_path):
+    root = copy_tree(tmp_path)
+    (root / "bad.yaml").write_text("dtypes: [fp16, fp32]\n")
+    line = one_line_error(snakemake(root, "-n", "--configfile", "bad.yaml", check=False))
+    assert "dtypes[1]" in line and "fp16, bf16" in line
+
+
+def test_unknown_variant_target_lists_known_ones(tmp_path):
+    root = copy_tree(tmp_path)
+    line = one_line_error(snakemake(root, "-n", "results/nsight/nope/report.csv", check=False))
+    assert "'nope'" in line and "triton_flash" in line and "v1_scalar" in line
+
+
+def test_bad_variant_metadata_names_file_and_field(tmp_path):
+    root = copy_tree(tmp_path)
+    meta = root / "kernels" / "v1_scalar" / "variant.yaml"
+    meta.write_text(meta.read_text().replace("bf16", "bf17"))
+    line = one_line_error(snakemake(root, "-n", check=False))
+    assert "kernels/v1_scalar/variant.yaml" in line and "support.dtypes" in line and "bf17" in line
+
+
+def test_end_to_end_cpu_run_reports_what_could_not_run(finished_run):
+    final = finished_run / "results" / "final"
+    summary = (final / "final_summary.md").read_text()
+    leaderboard = json.loads((final / "leaderboard.json").read_text())
+    assert (final / "speedup.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "no CUDA device on this host" in summary
+    by_name = {v["name"]: v for v in leaderboard["variants"]}
+    assert set(by_name) == set(VARIANTS)
+    triton = by_name["triton_flash"]
+    assert triton["funnel"]["build"] == "pass" and triton["funnel"]["parity"] == "pass"
+    assert triton["parity"]["device"] == "cpu" and triton["parity"]["cases"] > 0
+    scalar = by_name["v1_scalar"]
+    assert scalar["funnel"]["build"] == "pass"
+    assert scalar["funnel"]["parity"] == "skipped"
+    for entry in by_name.values():
+        assert entry["funnel"]["bench"] == "skipped" and entry["speedups"] == []
+    resources = json.loads((finished_run / "results/build/v1_scalar/resources.json").read_text())
+    assert resources["kernels"] and all(k["spill_store_bytes"] == 0 for k in resources["kernels"])
+    baseline = json.loads((finished_run / "results/baseline/sdpa.json").read_text())
+    assert {row["device"] for row in baseline["rows"]} == {"cpu"}
+    assert "not comparable" in baseline["note"]
+
+
+def test_nothing_reruns_after_a_finished_run(finished_run):
+    assert planned_jobs(finished_run) == set()
+
+
+def test_kernel_edit_reruns_only_that_variants_chain(finished_run):
+    (finished_run / "kernels/v1_scalar/kernel.cu").touch()
+    jobs = planned_jobs(finished_run)
+    assert jobs == {(rule, "v1_scalar") for rule in CHAIN} | {("final_summary", ""), ("all", "")}
+
+
+def test_library_edit_reruns_the_stages_that_import_it(finished_run):
+    (finished_run / "scripts/evo_sdpa/report.py").touch()
+    assert {rule for rule, _ in planned_jobs(finished_run)} == {"final_summary", "all"}
+    (finished_run / "scripts/evo_sdpa/parity.py").touch()
+    rules = {rule for rule, _ in planned_jobs(finished_run)}
+    assert "parity" in rules and "build_variant" not in rules and "sdpa_baseline" not in rules
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_compile_error_is_a_verdict_with_the_first_error(tmp_path):
+    root = copy_tree(tmp_path)
+    kernel = root / "kernels/v1_scalar/kernel.cu"
+    kernel.write_text(kernel.read_text() + "\nthis_is_not_cuda;\n")
+    snakemake(root, "--cores", "1", "--configfile", "config/test.yaml", "results/build/v1_scalar/verdict.json")
+    verdict = json.loads((root / "results/build/v1_scalar/verdict.json").read_text())
+    assert verdict["status"] == "fail"
+    assert "this_is_not_cuda" in verdict["first_error"] and "error" in verdict["first_error"]
+    assert "this_is_not_cuda" in (root / "results/build/v1_scalar/compiler.log").read_text()
+    assert verdict["artifact"] is None
+
+
+def test_missing_nvcc_is_one_line_naming_the_tool(tmp_path):
+    root = copy_tree(tmp_path)
+    env = {**CPU_ENV, "PATH": str(Path(sys.executable).parent), "CUDA_HOME": str(tmp_path / "none")}
+    proc = subprocess.run([sys.executable, "scripts/build_variant.py", "--variant", "v1_scalar",
+                           "--compute-capability", "9.0", "--verdict", "out/v.json", "--resources",
+                           "out/r.json", "--compiler-log", "out/c.log"], cwd=root, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "evo-sdpa: nvcc not found on PATH: install the CUDA toolkit (12.4 or newer) and put its bin/ on PATH"]
+    assert not (root / "out").exists()
