@@ -93,3 +93,13 @@ def summary_inputs():
         "profiles": expand(rules.ncu.output.status, variant=profile_entries()),
         "analyses": expand(rules.analysis.output.json, variant=profile_entries()),
     }
+
+
+def limit_gpu_jobs():
+    """One job holds the GPU at a time unless --resources gpu=N (or a profile) says otherwise,
+    so `snakemake --cores 8` never overlaps two timing jobs on one card."""
+    if "gpu" not in workflow.global_resources:
+        workflow.register_resource("gpu", 1)
+
+
+limit_gpu_jobs()
