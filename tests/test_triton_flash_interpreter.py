@@ -99,9 +99,10 @@ def test_causal_first_row_is_first_value_row():
     assert torch.equal(out[:, :, 0, :], v[:, :, 0, :])
 
 
-@pytest.mark.parametrize("block_m,block_n", [(64, 128), (32, 16)])
+@pytest.mark.parametrize("block_m,block_n", [(128, 64), (64, 128), (32, 16)])
 def test_other_tile_shapes(monkeypatch, block_m, block_n):
-    """The diagonal logic holds when BLOCK_N > BLOCK_M and for small tiles too."""
+    """Other tiles: BLOCK_M > BLOCK_N (rows fully masked in the second diagonal block),
+    BLOCK_N > BLOCK_M (the diagonal block starts before the tile), small tiles."""
     monkeypatch.setitem(kernel.LAUNCH_CONFIGS, 64,
                         {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2})
     for causal in (False, True):

@@ -35,17 +35,23 @@ def parse_report(text: str) -> dict:
     race = _RACE_SUMMARY.search(text)
     if race:
         errors = max(errors or 0, int(race.group(2)))
-    first = None
+    first = api_error = None
     for line in text.splitlines():
-        body = _PREFIX.sub("", line).strip()
-        if not line.startswith("=") or not body:
+        rest = _PREFIX.sub("", line)
+        body = rest.strip()
+        # An error's details (at ..., Host Frame ..., in libcuda.so) are indented under its headline.
+        if not line.startswith("=") or not body or rest[:1].isspace():
             continue
-        if body.startswith(("COMPUTE-SANITIZER", "ERROR SUMMARY", "RACECHECK SUMMARY", "Program hit",
+        if body.startswith("Program hit"):  # an API error: the first error only if no other is reported
+            api_error = api_error or body
+            continue
+        if body.startswith(("COMPUTE-SANITIZER", "ERROR SUMMARY", "RACECHECK SUMMARY",
                             "Saved host backtrace", "Host Frame", "Device Frame", "at ", "by thread",
                             "Address ", "Target application returned")):
             continue
         first = body
         break
+    first = first or api_error
     return {"errors": errors, "first_error": first if errors else None}
 
 

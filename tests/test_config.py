@@ -1,0 +1,220 @@
+"""Config validation: the shipped configs pass; every mistake is one line naming the key and what is allowed."""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evo_sdpa import schema
+from evo_sdpa.config import check_config, suite_shapes
+from evo_sdpa.errors import StageError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    """What Snakemake does with a second --configfile: nested mappings merge, other values replace."""
+    merged = copy.deepcopy(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+@pytest.fixture(scope="module")
+def shipped() -> dict:
+    with open(REPO / "config" / "config.yaml") as handle:
+        return yaml.safe_load(handle)
+
+
+@pytest.fixture
+def cfg(shipped) -> dict:
+    return copy.deepcopy(shipped)
+
+
+def error_of(config: dict) -> str:
+    with pytest.raises(StageError) as info:
+        check_config(config)
+    message = str(info.value)
+    assert "\n" not in message, f"not one line: {message!r}"
+    assert message.startswith("config: "), message
+    return message
+
+
+# ---------------------------------------------------------------- configs that pass
+
+
+def test_shipped_config_passes(cfg):
+    assert check_config(cfg) is cfg
+    labels = [s.label for s in suite_shapes(cfg, cfg["bench_suite"])]
+    assert "B4_H16_S2048_D128_causal" in labels
+
+
+def test_test_config_merged_over_shipped_passes(shipped):
+    with open(REPO / "config" / "test.yaml") as handle:
+        test_cfg = yaml.safe_load(handle)
+    merged = deep_merge(shipped, test_cfg)
+    assert check_config(merged) is merged
+    # The merge really took the test values (and kept the shipped tiers beside the new one).
+    assert merged["parity"]["cpu_tier"] == "tiny"
+    assert {"quick", "full", "cpu", "tiny"} <= set(merged["parity"]["tiers"])
+    assert merged["timing"]["min_samples"] == 5
+    assert merged["dtypes"] == shipped["dtypes"]
+
+
+# ---------------------------------------------------------------- schema errors
+
+
+def test_unknown_top_level_key(cfg):
+    cfg["timming"] = {"min_samples": 5}
+    message = error_of(cfg)
+    assert "'timming'" in message
+    assert "not allowed" in message
+    assert "allowed keys:" in message and "timing" in message.split("allowed keys:")[1]
+
+
+def test_unknown_nested_key(cfg):
+    cfg["timing"]["min_sampels"] = 10
+    message = error_of(cfg)
+    assert "timing.min_sampels" in message
+    allowed = message.split("allowed keys:")[1]
+    assert "min_samples" in allowed and "max_time_ms" in allowed
+
+
+def test_dtype_not_allowed(cfg):
+    cfg["dtypes"] = ["fp16", "fp32"]
+    message = error_of(cfg)
+    assert "dtypes[1]" in message
+    assert "'fp32'" in message
+    assert "fp16, bf16" in message
+
+
+def test_negative_min_samples(cfg):
+    cfg["timing"]["min_samples"] = -3
+    message = error_of(cfg)
+    assert "timing.min_samples" in message
+    assert "-3" in message
+    assert "minimum 5" in message
+
+
+@pytest.mark.parametrize("path", [("timing",), ("timing", "rel_spread"), ("gates", "min_speedup")])
+def test_missing_required_key(cfg, path):
+    parent = cfg
+    for key in path[:-1]:
+        parent = parent[key]
+    del parent[path[-1]]
+    message = error_of(cfg)
+    assert f"'{'.'.join(path)}'" in message
+    assert "missing" in message
+
+
+def test_head_dim_65_in_a_shape(cfg):
+    cfg["shape_suites"]["canonical"][1]["D"] = 65
+    message = error_of(cfg)
+    assert "shape_suites.canonical[1].D" in message
+    assert "65" in message
+    assert "64" in message and "128" in message  # the allowed head dims
+
+
+def test_variants_neither_all_nor_a_list(cfg):
+    cfg["variants"] = "some"
+    message = error_of(cfg)
+    assert "'variants'" in message
+    assert "'some'" in message
+    assert "'all'" in message and "array" in message
+
+
+def test_variants_list_passes(cfg):
+    cfg["variants"] = ["v1_scalar"]
+    check_config(cfg)
+
+
+# ---------------------------------------------------------------- cross-key errors
+
+
+def test_bench_suite_not_defined(cfg):
+    cfg["bench_suite"] = "huge"
+    message = error_of(cfg)
+    assert "bench_suite" in message and "'huge'" in message
+    assert "defined: canonical" in message
+
+
+def test_baseline_suite_not_defined(cfg):
+    cfg["baseline_suite"] = "nope"
+    message = error_of(cfg)
+    assert "baseline_suite" in message and "defined: canonical" in message
+
+
+@pytest.mark.parametrize("key", ["tier", "cpu_tier"])
+def test_parity_tier_not_defined(cfg, key):
+    cfg["parity"][key] = "exhaustive"
+    message = error_of(cfg)
+    assert f"parity.{key}" in message and "'exhaustive'" in message
+    assert "defined: cpu, full, quick" in message
+
+
+def test_max_time_below_min_time(cfg):
+    cfg["timing"]["min_time_ms"] = 500
+    cfg["timing"]["max_time_ms"] = 100
+    message = error_of(cfg)
+    assert "timing.max_time_ms" in message and "timing.min_time_ms" in message
+
+
+def test_max_time_equal_to_min_time_passes(cfg):
+    cfg["timing"]["min_time_ms"] = cfg["timing"]["max_time_ms"] = 100
+    check_config(cfg)
+
+
+def test_source_names_the_file(cfg):
+    cfg["dtypes"] = ["fp32"]
+    with pytest.raises(StageError, match=r"^config/mine\.yaml: key 'dtypes\[0\]'"):
+        check_config(cfg, source="config/mine.yaml")
+
+
+# ---------------------------------------------------------------- schema helpers
+
+
+def test_key_path_formats_nested_keys_and_indices():
+    assert schema.key_path(["shape_suites", "canonical", 0, "D"]) == "shape_suites.canonical[0].D"
+    assert schema.key_path([]) == "(top level)"
+
+
+def test_with_defaults_fills_nested_defaults():
+    toy = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "integer", "default": 1},
+            "outer": {
+                "type": "object",
+                "default": {},
+                "properties": {
+                    "b": {"type": "string", "default": "x"},
+                    "inner": {"type": "object", "default": {},
+                              "properties": {"c": {"type": "array", "default": [1, 2]}}},
+                },
+            },
+            "kept": {"type": "object", "properties": {"d": {"type": "boolean", "default": True}}},
+        },
+    }
+    given = {"a": 5, "kept": {}}
+    filled = schema.with_defaults(given, toy)
+    assert filled == {"a": 5, "outer": {"b": "x", "inner": {"c": [1, 2]}}, "kept": {"d": True}}
+    assert given == {"a": 5, "kept": {}}, "with_defaults must not modify its input"
+    filled["outer"]["inner"]["c"].append(3)
+    assert toy["properties"]["outer"]["properties"]["inner"]["properties"]["c"]["default"] == [1, 2]
+
+
+def test_with_defaults_on_the_variant_schema():
+    meta = {"name": "x", "kind": "cuda", "description": "d", "sources": ["k.cu"],
+            "support": {"dtypes": ["fp16"], "head_dims": [64], "causal": [False]}}
+    filled = schema.with_defaults(meta, schema.load_schema("variant.schema.yaml"))
+    assert filled["kernel_regex"] == ".*"
+    assert filled["build"] == {"nvcc_flags": [], "allow_warnings": False, "allow_spills": False}
+    assert filled["support"]["max_seq_len"] is None
+    assert filled["support"]["min_compute_capability"] == "8.0"
+    assert filled["support"]["layouts"] == ["bhsd"]
+    assert filled["tunables"] == {}

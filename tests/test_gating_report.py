@@ -1,0 +1,608 @@
+"""Stage gating, compute-sanitizer report parsing, CI gates, the final summary and library-input lists."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from pathlib import Path
+
+import pytest
+
+from evo_sdpa import bench, gates, gating, report, sanitizer
+from evo_sdpa.baseline import _row, _stats_row
+from evo_sdpa.bottlenecks import analyze
+from evo_sdpa.deps import library_inputs
+from evo_sdpa.device import NO_DEVICE_REASON
+from evo_sdpa.io import read_json, write_json
+from evo_sdpa.ncu import read_raw_csv
+from evo_sdpa.parity import ParityCase, run_case
+from evo_sdpa.parity import verdict as parity_verdict
+from evo_sdpa.shapes import Shape
+from evo_sdpa.timing import _results
+from evo_sdpa.tolerance import ToleranceRule
+from evo_sdpa.variants import Variant
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NCU_CSV = FIXTURES / "h100_sdpa_cudnn_b2h8s512d64_raw.csv"
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def write(path: Path, record: dict) -> str:
+    write_json(path, record)
+    return str(path)
+
+
+# ================================================================ gating
+
+
+def test_blocked_by_passes_pass_and_measured(tmp_path):
+    assert gating.blocked_by(build=write(tmp_path / "b.json", {"status": "pass", "reasons": []}),
+                             bench=write(tmp_path / "m.json", {"status": "measured", "reasons": []})) is None
+
+
+def test_blocked_by_names_the_failing_stage_and_reason(tmp_path):
+    build = write(tmp_path / "b.json", {"status": "fail", "reasons": ["3 warnings", "12 bytes spilled"]})
+    cause = gating.blocked_by(build=build)
+    assert cause == {"stage": "build", "status": "fail", "reason": "3 warnings; 12 bytes spilled"}
+    assert gating.describe(cause) == "build failed (3 warnings; 12 bytes spilled)"
+
+
+def test_blocked_by_takes_the_first_stage_in_argument_order(tmp_path):
+    build = write(tmp_path / "b.json", {"status": "pass", "reasons": []})
+    san = write(tmp_path / "s.json", {"status": "fail", "reasons": ["memcheck: 1 error(s)"]})
+    par = write(tmp_path / "p.json", {"status": "fail", "reasons": ["2 of 4 cases failed"]})
+    assert gating.blocked_by(build=build, sanitizer=san, parity=par)["stage"] == "sanitizer"
+    assert gating.blocked_by(build=build, parity=par, sanitizer=san)["stage"] == "parity"
+
+
+def test_skipped_stage_blocks_with_its_own_reason(tmp_path):
+    san = write(tmp_path / "s.json", gating.skipped(f"not run: {NO_DEVICE_REASON}"))
+    cause = gating.blocked_by(sanitizer=san)
+    assert cause["stage"] == "sanitizer" and cause["status"] == "skipped"
+    assert NO_DEVICE_REASON in cause["reason"]
+    assert gating.describe(cause).startswith("sanitizer skipped (not run: ")
+
+
+def test_disabled_sanitizer_does_not_block(tmp_path):
+    build = write(tmp_path / "b.json", {"status": "pass", "reasons": []})
+    san = write(tmp_path / "s.json", gating.skipped("disabled in the config (stages.sanitizer: false)",
+                                                     disabled=True))
+    par = write(tmp_path / "p.json", {"status": "pass", "reasons": []})
+    assert gating.blocked_by(build=build, sanitizer=san, parity=par) is None
+
+
+def test_disabled_flag_only_excuses_the_sanitizer(tmp_path):
+    par = write(tmp_path / "p.json", gating.skipped("whatever", disabled=True))
+    assert gating.blocked_by(parity=par)["stage"] == "parity"
+
+
+def test_root_cause_propagates_through_a_chain_of_skipped_records(tmp_path):
+    build = write(tmp_path / "build.json", {"status": "pass", "reasons": []})
+    san = write(tmp_path / "san.json", {"status": "pass", "reasons": []})
+    par = write(tmp_path / "parity.json", {"status": "fail",
+                                           "reasons": ["1 of 8 cases failed; first: x: NaN"]})
+    bench_cause = gating.blocked_by(build=build, sanitizer=san, parity=par)
+    bench_record = gating.skipped_for("not measured", bench_cause)
+    assert bench_record["status"] == "skipped"
+    assert bench_record["reasons"] == ["not measured: parity failed (1 of 8 cases failed; first: x: NaN)"]
+    bench_path = write(tmp_path / "bench.json", bench_record)
+
+    ncu_cause = gating.blocked_by(bench=bench_path)
+    assert ncu_cause == {"stage": "parity", "status": "fail", "reason": "1 of 8 cases failed; first: x: NaN"}
+    ncu_record = gating.skipped_for("not profiled", ncu_cause, entry="v")
+    assert ncu_record["entry"] == "v"
+    ncu_path = write(tmp_path / "ncu.json", ncu_record)
+
+    analysis_cause = gating.root_cause("ncu", read_json(ncu_path))
+    assert analysis_cause["stage"] == "parity"
+    assert gating.skipped_for("not analysed", analysis_cause)["reasons"][0].startswith("not analysed: parity failed")
+
+
+def test_skipped_without_cause_has_no_cause_key():
+    record = gating.skipped("not run: reason", variant="v")
+    assert record == {"status": "skipped", "reasons": ["not run: reason"], "variant": "v"}
+
+
+# ================================================================ sanitizer
+
+CLEAN_MEMCHECK = """\
+========= COMPUTE-SANITIZER
+========= ERROR SUMMARY: 0 errors
+"""
+
+MEMCHECK_WRITE = """\
+========= COMPUTE-SANITIZER
+========= Invalid __global__ write of size 4 bytes
+=========     at v1_scalar_attention_fwd<__half, 64>(const __half *, const __half *, const __half *, __half *, int, int, float)+0x1a70 in kernel.cu:142
+=========     by thread (31,0,0) in block (16,1,0)
+=========     Address 0x7f3a1e000c00 is out of bounds
+=========     and is 1 bytes after the nearest allocation at 0x7f3a1e000000 of size 3072 bytes
+=========     Saved host backtrace up to driver entry point at kernel launch time
+=========     Host Frame: [0x2f285f]
+=========                in /lib/x86_64-linux-gnu/libcuda.so.1
+=========     Host Frame:evo_sdpa_forward [0x1b2c]
+=========                in libv1_scalar.so
+=========
+========= Invalid __global__ write of size 4 bytes
+=========     at v1_scalar_attention_fwd<__half, 64>(const __half *, const __half *, const __half *, __half *, int, int, float)+0x1a70 in kernel.cu:142
+=========     by thread (0,0,0) in block (17,1,0)
+=========     Address 0x7f3a1e000c80 is out of bounds
+=========
+========= Program hit cudaErrorLaunchFailure (error 719) due to "unspecified launch failure" on CUDA API call to cudaStreamSynchronize.
+=========     Saved host backtrace up to driver entry point at error
+=========
+========= Target application returned an error
+========= ERROR SUMMARY: 3 errors
+"""
+
+RACECHECK_HAZARD = """\
+========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at smem_tile_fwd(const __half *, __half *)+0x3d0 in tile.cu:51
+=========     and Read access at smem_tile_fwd(const __half *, __half *)+0x450 in tile.cu:58 [1024 hazards]
+=========
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+
+RACECHECK_CLEAN = """\
+========= COMPUTE-SANITIZER
+========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)
+"""
+
+
+def test_parse_clean_memcheck():
+    assert sanitizer.parse_report(CLEAN_MEMCHECK) == {"errors": 0, "first_error": None}
+
+
+def test_parse_memcheck_invalid_write():
+    parsed = sanitizer.parse_report(MEMCHECK_WRITE)
+    assert parsed == {"errors": 3, "first_error": "Invalid __global__ write of size 4 bytes"}
+
+
+def test_parse_racecheck_hazard():
+    parsed = sanitizer.parse_report(RACECHECK_HAZARD)
+    assert parsed["errors"] == 1
+    assert parsed["first_error"].startswith("Error: Race reported between Write access")
+
+
+def test_parse_clean_racecheck():
+    assert sanitizer.parse_report(RACECHECK_CLEAN) == {"errors": 0, "first_error": None}
+
+
+API_ERROR_ONLY = """\
+========= COMPUTE-SANITIZER
+========= Program hit cudaErrorInvalidValue (error 1) due to "invalid argument" on CUDA API call to cudaMemcpyAsync.
+=========     Saved host backtrace up to driver entry point at error
+=========     Host Frame: [0x2f285f]
+=========                in /lib/x86_64-linux-gnu/libcuda.so.1
+=========
+========= ERROR SUMMARY: 1 error
+"""
+
+
+def test_parse_api_error_only_names_the_api_error_not_a_frame():
+    parsed = sanitizer.parse_report(API_ERROR_ONLY)
+    assert parsed["errors"] == 1
+    assert parsed["first_error"].startswith("Program hit cudaErrorInvalidValue")
+
+
+def test_parse_prefers_a_device_error_over_an_earlier_api_error():
+    text = API_ERROR_ONLY.replace("========= ERROR SUMMARY: 1 error\n", "") + \
+        MEMCHECK_WRITE.split("\n", 1)[1].replace("3 errors", "4 errors")
+    parsed = sanitizer.parse_report(text)
+    assert parsed == {"errors": 4, "first_error": "Invalid __global__ write of size 4 bytes"}
+
+
+def test_parse_missing_summary():
+    assert sanitizer.parse_report("") == {"errors": None, "first_error": None}
+    truncated = MEMCHECK_WRITE.split("========= ERROR SUMMARY")[0]
+    assert sanitizer.parse_report(truncated)["errors"] is None
+
+
+def test_judge_outcomes():
+    log = "results/sanitizer/v/memcheck.log"
+    clean = sanitizer.judge("memcheck", 0, sanitizer.parse_report(CLEAN_MEMCHECK), log)
+    assert clean == {"tool": "memcheck", "status": "pass", "errors": 0, "log": log, "reason": ""}
+
+    found = sanitizer.judge("memcheck", 1, sanitizer.parse_report(MEMCHECK_WRITE), log)
+    assert found["status"] == "fail" and found["errors"] == 3
+    assert found["reason"] == "3 error(s); first: Invalid __global__ write of size 4 bytes"
+
+    race = sanitizer.judge("racecheck", 0, sanitizer.parse_report(RACECHECK_HAZARD), log)
+    assert race["status"] == "fail" and "Race reported" in race["reason"]
+
+    missing = sanitizer.judge("initcheck", -9, sanitizer.parse_report(""), log)
+    assert missing["status"] == "fail" and missing["errors"] is None
+    assert "no summary" in missing["reason"] and "-9" in missing["reason"] and log in missing["reason"]
+
+    crashed = sanitizer.judge("synccheck", 134, sanitizer.parse_report(CLEAN_MEMCHECK), log)
+    assert crashed["status"] == "fail" and crashed["errors"] == 0
+    assert "exited 134" in crashed["reason"]
+
+
+def test_sanitizer_verdict_lists_each_failing_tool():
+    results = [sanitizer.judge("memcheck", 0, sanitizer.parse_report(CLEAN_MEMCHECK), "m.log"),
+               sanitizer.judge("racecheck", 0, sanitizer.parse_report(RACECHECK_HAZARD), "r.log")]
+    result = sanitizer.verdict(results)
+    assert result["status"] == "fail"
+    assert len(result["reasons"]) == 1 and result["reasons"][0].startswith("racecheck: 1 error(s)")
+    assert sanitizer.verdict(results[:1])["status"] == "pass"
+
+
+def test_tool_command_adds_padding_only_for_memcheck():
+    target = ["python", "target.py", "--S", "67"]
+    for tool in ("memcheck", "racecheck", "initcheck", "synccheck"):
+        argv = sanitizer.tool_command("compute-sanitizer", tool, 256, f"/tmp/{tool}.log", target)
+        assert argv[0] == "compute-sanitizer"
+        assert argv[argv.index("--tool") + 1] == tool
+        assert argv[argv.index("--log-file") + 1] == f"/tmp/{tool}.log"
+        assert argv[-len(target):] == target, "the target comes last"
+        if tool == "memcheck":
+            assert argv[argv.index("--padding") + 1] == "256"
+        else:
+            assert "--padding" not in argv
+        assert ("--racecheck-report" in argv) == (tool == "racecheck")
+
+
+def test_sanitizer_env_turns_off_the_caching_allocator():
+    assert sanitizer.SANITIZER_ENV["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
+
+
+# ================================================================ a fake results/ tree
+
+H100 = "NVIDIA H100 80GB HBM3"
+CEILINGS = {"copy_gbps": 2900.0, "copy_bytes": 1 << 30, "matmul_tflops": {"fp16": 720.0, "bf16": 730.0},
+            "matmul_n": 8192}
+PROFILE = {"shape": {"B": 2, "H": 8, "S": 512, "D": 64, "causal": False}, "dtype": "fp16", "launch_count": 4}
+CFG = {"bench_suite": "canonical", "profile": PROFILE}
+RULE = ToleranceRule(4.0, {"fp16": 1e-3, "bf16": 8e-3})
+SMALL = Shape(2, 8, 512, 64, False, graph=True)
+LARGE = Shape(4, 16, 2048, 128, True)
+WIDE = Shape(1, 8, 512, 256, False)          # D=256: outside the variants' support
+SUITE = [SMALL, LARGE, WIDE]
+# p50 microseconds (variant, sdpa) per shape and timing mode.
+TIMES = {SMALL.label: {"eager": (50.0, 45.0), "graph": (5.0, 10.0)},
+         LARGE.label: {"eager": (200.0, 144.0)}}
+SUPPORT = {"dtypes": ["fp16", "bf16"], "head_dims": [64, 128], "causal": [True, False],
+           "layouts": ["bhsd"], "min_compute_capability": "8.0", "max_seq_len": None}
+
+
+def series(p50_us: float) -> list[float]:
+    """Samples whose median is p50_us, with a tail (p90 > p50)."""
+    return [p50_us * (1 + 0.004 * (i - 15)) for i in range(31)]
+
+
+def fake_time_shape(factories, shape, dtype, timing, seed=0):
+    assert set(factories) == {"variant", "sdpa"}
+    result = {}
+    for mode, (variant_us, sdpa_us) in TIMES[shape.label].items():
+        label = "eager" if mode == "eager" else f"graph x{timing['graph_calls']}"
+        result[mode] = _results({"variant": series(variant_us), "sdpa": series(sdpa_us)}, "converged",
+                                mode=label, cache="L2 flushed before each call")
+    return result
+
+
+def sdpa_forward(q, k, v, out, causal, scale):
+    import torch.nn.functional as F
+
+    out.copy_(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale))
+
+
+def wrong_scale_forward(q, k, v, out, causal, scale):
+    sdpa_forward(q, k, v, out, causal, 2 * scale)
+
+
+def analysis_record(entry: str) -> dict:
+    shape = Shape.from_dict(PROFILE["shape"])
+    result = analyze(read_raw_csv(NCU_CSV), flops=shape.flops, ceilings=CEILINGS,
+                     min_bytes=shape.min_bytes("fp16"), dtype="fp16")
+    result.update(entry=entry, status="analysed", reasons=[], shape=shape.to_dict(), dtype="fp16", device=H100)
+    return result
+
+
+def parity_record(name: str, forward) -> dict:
+    cases = [ParityCase("fp16", 1, 2, 17, 64, causal, "normal", 0) for causal in (False, True)]
+    records = [run_case(case, forward, RULE, "cpu") for case in cases]
+    result = parity_verdict(records, f"python scripts/run_parity.py --variant {name}")
+    result.update(variant=name, device="cuda", tier="quick", records=records)
+    return result
+
+
+def sanitizer_record(name: str) -> dict:
+    tools = ["memcheck", "racecheck", "initcheck", "synccheck"]
+    results = [sanitizer.judge(t, 0, sanitizer.parse_report(RACECHECK_CLEAN if t == "racecheck"
+                                                            else CLEAN_MEMCHECK), f"{t}.log") for t in tools]
+    return {**sanitizer.verdict(results), "variant": name}
+
+
+def write_common(results: Path, cuda: bool, baseline_note: str | None) -> None:
+    env = {"host": "h", "git": {"commit": "0123456789abcdef0123", "dirty": True},
+           "versions": {"torch": "2.11.0", "triton": "3.5.0"}}
+    if cuda:
+        env.update(cuda=True, device={"name": H100, "compute_capability": "9.0"}, ceilings=CEILINGS)
+    else:
+        env.update(cuda=False, device=None, ceilings=None,
+                   not_measured=f"device properties and ceilings: {NO_DEVICE_REASON}")
+    write_json(results / "env" / "environment.json", env)
+    measured = {**_row(SMALL, "fp16", "default", "cuda"), "picked_backend": "cudnn",
+                **_stats_row(_results({"default": series(9.3)}, "converged", "eager", "L2 flushed")["default"],
+                             SMALL, "fp16")}
+    unsupported = {**_row(WIDE, "fp16", "flash", "cuda"), "mode": "eager", "status": "unsupported",
+                   "reason": "No available kernel"}
+    write_json(results / "baseline" / "sdpa.json", {"device": H100 if cuda else "cpu", "suite": "canonical",
+                                                    "note": baseline_note, "rows": [measured, unsupported]})
+
+
+def write_stages(results: Path, name: str, records: dict) -> None:
+    for stage, path in report.stage_paths(results, name).items():
+        if stage in records:
+            write_json(path, records[stage])
+
+
+def build_record(name: str, kind: str) -> dict:
+    return {"status": "pass", "reasons": [], "artifact": f"results/build/{name}/lib{name}.so",
+            "variant": name, "kind": kind, "compute_capability": "9.0"}
+
+
+@pytest.fixture
+def gpu_tree(tmp_path, monkeypatch) -> Path:
+    """results/ after a GPU run: 'good' (cuda) measured end to end, 'bad' (triton) failed parity."""
+    results = tmp_path / "results"
+    write_common(results, cuda=True, baseline_note=None)
+    write_json(results / "analysis" / "sdpa" / "bottlenecks.json", analysis_record("sdpa"))
+
+    monkeypatch.setattr(bench, "time_shape", fake_time_shape)
+    monkeypatch.setattr(bench, "recheck", lambda *a: {"status": "pass", "max_abs": 1e-4,
+                                                      "sdpa_max_abs": 1e-4, "bound": 1.4e-3})
+    monkeypatch.setattr(bench, "sm_clock_mhz", lambda: 1980)
+    good = Variant("good", tmp_path / "kernels" / "good",
+                   {"name": "good", "kind": "cuda", "support": SUPPORT, "sources": ["kernel.cu"]})
+    timing = {"warmup_ms": 5, "min_samples": 5, "min_time_ms": 5, "max_time_ms": 200, "rel_spread": 0.2,
+              "l2_flush": True, "graph_calls": 32}
+    bench_result = bench.run(good, sdpa_forward, SUITE, ["fp16"], timing, RULE, CEILINGS,
+                             logging.getLogger("test"))
+    bench_result.update(device=H100, variant="good")
+    write_stages(results, "good", {
+        "build": build_record("good", "cuda"),
+        "sanitizer": sanitizer_record("good"),
+        "parity": parity_record("good", sdpa_forward),
+        "bench": bench_result,
+        "ncu": {"status": "measured", "reasons": [], "entry": "good"},
+        "analysis": analysis_record("good"),
+    })
+
+    paths = report.stage_paths(results, "bad")
+    write_stages(results, "bad", {"build": build_record("bad", "triton"), "sanitizer": sanitizer_record("bad"),
+                                  "parity": parity_record("bad", wrong_scale_forward)})
+    cause = gating.blocked_by(build=str(paths["build"]), sanitizer=str(paths["sanitizer"]),
+                              parity=str(paths["parity"]))
+    write_json(paths["bench"], gating.skipped_for("not measured", cause, variant="bad"))
+    ncu_record = gating.skipped_for("not profiled", gating.blocked_by(bench=str(paths["bench"])), entry="bad")
+    write_json(paths["ncu"], ncu_record)
+    write_json(paths["analysis"], gating.skipped_for("not analysed", gating.root_cause("ncu", ncu_record),
+                                                     entry="bad"))
+    return results
+
+
+@pytest.fixture
+def gpu_leaderboard(gpu_tree) -> dict:
+    return report.build_leaderboard(gpu_tree, ["bad", "good"], CFG, [s.label for s in SUITE])
+
+
+def by_name(leaderboard: dict) -> dict:
+    return {entry["name"]: entry for entry in leaderboard["variants"]}
+
+
+# ---------------------------------------------------------------- the bench records the report reads
+
+
+def test_bench_run_writes_the_modes_the_report_reads(gpu_tree):
+    bench_result = read_json(gpu_tree / "bench" / "good.json")
+    assert bench_result["status"] == "measured" and bench_result["sanity_flags"] == []
+    statuses = {(c["label"], c["dtype"]): c["status"] for c in bench_result["cases"]}
+    assert statuses == {(SMALL.label, "fp16"): "measured", (LARGE.label, "fp16"): "measured",
+                        (WIDE.label, "fp16"): "skipped"}
+    small = next(c for c in bench_result["cases"] if c["label"] == SMALL.label)
+    assert small["primary_mode"] == "graph" and set(small["modes"]) == {"eager", "graph"}
+    assert small["modes"]["graph"]["speedup_p50"] == pytest.approx(2.0)
+    assert small["modes"]["eager"]["speedup_p50"] == pytest.approx(0.9)
+
+
+# ---------------------------------------------------------------- leaderboard
+
+
+def test_leaderboard_funnel_and_fell_out_at(gpu_leaderboard):
+    entries = by_name(gpu_leaderboard)
+    assert gpu_leaderboard["device"] == H100
+    assert [e["name"] for e in gpu_leaderboard["variants"]] == ["good", "bad"], "ranked by geomean speedup"
+    good, bad = entries["good"], entries["bad"]
+    assert good["funnel"] == {"build": "pass", "sanitizer": "pass", "parity": "pass", "bench": "measured",
+                              "ncu": "measured", "analysis": "analysed"}
+    assert good["fell_out_at"] is None and good["stopped_at"] is None and good["reasons"] == {}
+    assert good["kind"] == "cuda" and bad["kind"] == "triton"
+    assert bad["funnel"] == {"build": "pass", "sanitizer": "pass", "parity": "fail", "bench": "skipped",
+                             "ncu": "skipped", "analysis": "skipped"}
+    assert bad["fell_out_at"] == "parity" and bad["stopped_at"] is None
+    # Only parity's own reason: the stages skipped because of it add nothing.
+    assert list(bad["reasons"]) == ["parity"]
+    assert "above bound" in bad["reasons"]["parity"]
+    assert bad["parity"]["failed"] == 2 and "--case fp16-B1H2S17D64-full" in bad["parity"]["first_failure"]["repro"]
+    assert bad["speedups"] == [] and bad["geomean_speedup_p50"] is None
+    assert bad["bottlenecks"] == []
+
+
+def test_leaderboard_speedup_rows_and_geomean(gpu_leaderboard):
+    good = by_name(gpu_leaderboard)["good"]
+    rows = {r["shape"]: r for r in good["speedups"]}
+    assert set(rows) == {SMALL.label, LARGE.label}, "the skipped D=256 case makes no row"
+    small, large = rows[SMALL.label], rows[LARGE.label]
+    assert small["mode"] == "graph x32", "a graph shape reports its graph-replay number"
+    assert small["speedup_p50"] == pytest.approx(2.0)
+    assert small["variant_p50_us"] == pytest.approx(5.0) and small["sdpa_p50_us"] == pytest.approx(10.0)
+    assert small["variant_p90_us"] > small["variant_p50_us"]
+    assert small["speedup_p90"] == pytest.approx(small["sdpa_p90_us"] / small["variant_p90_us"])
+    assert large["mode"] == "eager" and large["speedup_p50"] == pytest.approx(0.72)
+    assert large["variant_tflops"] == pytest.approx(LARGE.flops / 200e-6 / 1e12)
+    assert small["recheck"] == "pass" and small["sanity_flag"] is None and small["ended_by"] == "converged"
+    assert good["geomean_speedup_p50"] == pytest.approx(math.sqrt(2.0 * 0.72))
+    assert good["bottlenecks"] and {"title", "metric", "value", "lever"} <= set(good["bottlenecks"][0])
+
+
+def test_leaderboard_criteria(gpu_leaderboard):
+    entries = by_name(gpu_leaderboard)
+    good = {c["criterion"]: c["result"] for c in entries["good"]["criteria"]}
+    bad = {c["criterion"]: c["result"] for c in entries["bad"]["criteria"]}
+    assert good["builds without warnings or spills"] == "met"
+    assert good["memory-safe and race-free (compute-sanitizer)"] == "met"
+    assert good["correct on its whole declared support (parity)"] == "met"
+    assert good["faster than SDPA (p50) on at least one bench shape"] == "met"
+    assert good["faster than SDPA (p50) on every bench shape"] == "not met"
+    assert bad["correct on its whole declared support (parity)"] == "not met"
+    assert bad["faster than SDPA (p50) on at least one bench shape"] == "not measured"
+    assert bad["faster than SDPA (p50) on every bench shape"] == "not measured"
+
+
+def test_criteria_faster_everywhere():
+    funnel = dict.fromkeys(report.STAGES, "pass")
+    entry = {"funnel": {**funnel, "sanitizer": "skipped"},
+             "speedups": [{"shape": "A", "speedup_p50": 1.1}, {"shape": "B", "speedup_p50": 1.01}]}
+    result = {c["criterion"]: c["result"] for c in report.criteria(entry, ["A", "B"])}
+    assert result["faster than SDPA (p50) on every bench shape"] == "met"
+    assert result["memory-safe and race-free (compute-sanitizer)"] == "not measured"
+    result = {c["criterion"]: c["result"] for c in report.criteria(entry, ["A", "B", "C"])}
+    assert result["faster than SDPA (p50) on every bench shape"] == "not met"
+
+
+def test_leaderboard_sdpa_baseline_and_not_run(gpu_leaderboard):
+    assert gpu_leaderboard["not_run"] == []
+    assert gpu_leaderboard["sdpa"]["status"] == "analysed" and gpu_leaderboard["sdpa"]["bottlenecks"]
+    assert [r["status"] for r in gpu_leaderboard["baseline"]] == ["measured"], "unsupported rows dropped"
+    assert gpu_leaderboard["bench_suite"] == "canonical" and gpu_leaderboard["profile"] == PROFILE
+    json.dumps(gpu_leaderboard)  # the stage writes it as JSON
+
+
+def test_render_gpu_summary(gpu_leaderboard):
+    text = report.render(gpu_leaderboard)
+    assert "| variant | kind | build | sanitizer | parity | bench | ncu | analysis | fell out at |" in text
+    assert "| good | cuda | pass | pass | pass | measured | measured | analysed | — |" in text
+    assert "| bad | triton | pass | pass | fail | skipped | skipped | skipped | parity |" in text
+    assert "| variant p50 µs | variant p90 µs | SDPA p50 µs | SDPA p90 µs | speedup p50 | speedup p90 |" in text
+    assert f"| good | {SMALL.label} | fp16 | graph x32 | 5.00 |" in text
+    assert "| 2.000 |" in text and "| 0.720 |" in text
+    assert "Geometric-mean speedup (p50): good 1.200." in text
+    reason = by_name(gpu_leaderboard)["bad"]["reasons"]["parity"]
+    assert f"- **bad / parity**: {reason}" in text
+    assert "**SDPA default (the bar)**" in text
+    assert "**bad**: not analysed (stopped at parity)" in text
+    assert "| good | faster than SDPA (p50) on every bench shape | not met |" in text
+    assert "git 0123456789ab (dirty)" in text
+    assert "Every stage ran." in text
+    assert "No speedup was measured" not in text
+
+
+# ---------------------------------------------------------------- a host without a GPU
+
+
+@pytest.fixture
+def cpu_leaderboard(tmp_path) -> dict:
+    results = tmp_path / "results"
+    note = f"GPU backends not run: {NO_DEVICE_REASON}; rows are torch's CPU SDPA"
+    write_common(results, cuda=False, baseline_note=note)
+    no_ncu = gating.skipped(f"not profiled: {NO_DEVICE_REASON}", entry="sdpa")
+    write_json(results / "analysis" / "sdpa" / "bottlenecks.json",
+               gating.skipped_for("not analysed", gating.root_cause("ncu", no_ncu), entry="sdpa"))
+    ncu_record = gating.skipped(f"not profiled: {NO_DEVICE_REASON}", entry="tri")
+    write_stages(results, "tri", {
+        "build": build_record("tri", "triton"),
+        "sanitizer": gating.skipped(f"not run: {NO_DEVICE_REASON}", variant="tri"),
+        "parity": {**parity_record("tri", sdpa_forward), "device": "cpu"},
+        "bench": gating.skipped(f"not measured: {NO_DEVICE_REASON}", variant="tri"),
+        "ncu": ncu_record,
+        "analysis": gating.skipped_for("not analysed", gating.root_cause("ncu", ncu_record), entry="tri"),
+    })
+    return report.build_leaderboard(results, ["tri"], CFG, [s.label for s in SUITE])
+
+
+def test_cpu_host_says_what_did_not_run(cpu_leaderboard):
+    entry = cpu_leaderboard["variants"][0]
+    assert cpu_leaderboard["device"] == "cpu (no CUDA device)"
+    assert entry["fell_out_at"] is None and entry["stopped_at"] == "sanitizer"
+    lines = cpu_leaderboard["not_run"]
+    assert lines[0] == f"Environment: device properties and ceilings: {NO_DEVICE_REASON}."
+    assert lines[1].startswith("Baseline: GPU backends not run")
+    assert f"tri sanitizer: not run: {NO_DEVICE_REASON}" in lines
+    assert f"tri bench: not measured: {NO_DEVICE_REASON}" in lines
+    assert f"tri ncu: not profiled: {NO_DEVICE_REASON}" in lines
+    assert not any(line.startswith("tri analysis") for line in lines), "skipped for ncu: nothing new"
+    text = report.render(cpu_leaderboard)
+    assert "No speedup was measured on this host." in text
+    assert "SDPA default" in text
+    assert f"- tri bench: not measured: {NO_DEVICE_REASON}" in text
+
+
+# ---------------------------------------------------------------- plot
+
+
+def test_plot_speedups_with_rows(gpu_leaderboard, tmp_path):
+    path = tmp_path / "speedup.png"
+    report.plot_speedups(gpu_leaderboard, str(path))
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+
+
+def test_plot_speedups_without_rows(cpu_leaderboard, tmp_path):
+    path = tmp_path / "empty.png"
+    report.plot_speedups(cpu_leaderboard, str(path))
+    assert path.read_bytes()[:8] == PNG_SIGNATURE
+    no_lines = {**cpu_leaderboard, "not_run": []}
+    report.plot_speedups(no_lines, str(tmp_path / "empty2.png"))
+    assert (tmp_path / "empty2.png").read_bytes()[:8] == PNG_SIGNATURE
+
+
+# ================================================================ gates
+
+
+def test_gates_pass_for_a_passing_required_variant(gpu_leaderboard):
+    assert gates.evaluate(gpu_leaderboard, {"required_variants": [], "min_speedup": 5.0}) == []
+    assert gates.evaluate(gpu_leaderboard, {"required_variants": ["good"], "min_speedup": None}) == []
+    assert gates.evaluate(gpu_leaderboard, {"required_variants": ["good"], "min_speedup": 0.7}) == []
+
+
+def test_gates_min_speedup(gpu_leaderboard):
+    failures = gates.evaluate(gpu_leaderboard, {"required_variants": ["good"], "min_speedup": 1.0})
+    assert failures == [f"good {LARGE.label} fp16: speedup 0.720 below 1.0"]
+
+
+def test_gates_required_variant_failing_parity(gpu_leaderboard):
+    failures = gates.evaluate(gpu_leaderboard, {"required_variants": ["bad"], "min_speedup": 1.0})
+    assert failures[0].startswith("bad parity: fail (")
+    assert "above bound" in failures[0]
+    assert failures[1] == "bad: no speedup measured, min_speedup 1.0 cannot be checked"
+    assert len(failures) == 2
+
+
+def test_gates_unknown_required_variant(gpu_leaderboard):
+    assert gates.evaluate(gpu_leaderboard, {"required_variants": ["ghost"], "min_speedup": None}) == [
+        "required variant 'ghost' is not in the leaderboard"]
+
+
+# ================================================================ deps
+
+
+def test_library_inputs_of_run_bench():
+    inputs = library_inputs("scripts/run_bench.py")
+    for needed in ("scripts/evo_sdpa/__init__.py", "scripts/evo_sdpa/bench.py", "scripts/evo_sdpa/timing.py",
+                   "scripts/evo_sdpa/stats.py", "scripts/evo_sdpa/gating.py", "scripts/evo_sdpa/variants.py",
+                   "scripts/evo_sdpa/runners.py", "scripts/evo_sdpa/schema.py",
+                   "workflow/schemas/variant.schema.yaml"):
+        assert needed in inputs, needed
+    assert "scripts/evo_sdpa/report.py" not in inputs
+    assert "scripts/evo_sdpa/templates/final_summary.md.j2" not in inputs
+    assert len(inputs) == len(set(inputs))
+    repo = Path(__file__).resolve().parents[1]
+    assert all((repo / p).is_file() for p in inputs)
+
+
+def test_library_inputs_of_summarize_include_the_template():
+    inputs = library_inputs("scripts/summarize.py")
+    assert "scripts/evo_sdpa/report.py" in inputs
+    assert "scripts/evo_sdpa/templates/final_summary.md.j2" in inputs
+    assert "scripts/evo_sdpa/bench.py" not in inputs
