@@ -142,6 +142,12 @@ def test_end_to_end_cpu_run_reports_what_could_not_run(finished_run):
     assert "not comparable" in baseline["note"]
 
 
+@pytest.fixture
+def run_copy(finished_run, tmp_path) -> Path:
+    """A private copy of the finished run (outputs, mtimes and Snakemake's metadata) to edit."""
+    return Path(shutil.copytree(finished_run, tmp_path / "run"))
+
+
 def test_nothing_reruns_after_a_finished_run(finished_run):
     assert planned_jobs(finished_run) == set()
 
@@ -152,18 +158,17 @@ def edit(path: Path) -> None:
     path.write_text(path.read_text() + f"\n{marker} edited by the test\n")
 
 
-def test_kernel_edit_reruns_only_that_variants_chain(finished_run):
-    edit(finished_run / "kernels/v1_scalar/kernel.cu")
-    jobs = planned_jobs(finished_run)
+def test_kernel_edit_reruns_only_that_variants_chain(run_copy):
+    edit(run_copy / "kernels/v1_scalar/kernel.cu")
+    jobs = planned_jobs(run_copy)
     assert jobs == {(rule, "v1_scalar") for rule in CHAIN} | {("final_summary", ""), ("all", "")}
 
 
-def test_library_edit_reruns_the_stages_that_import_it(finished_run):
-    edit(finished_run / "scripts/evo_sdpa/report.py")
-    assert {rule for rule, _ in planned_jobs(finished_run)} >= {"final_summary", "all"}
-    assert not {"build_variant", "parity", "bench", "sdpa_baseline"} & {r for r, _ in planned_jobs(finished_run)}
-    edit(finished_run / "scripts/evo_sdpa/parity.py")
-    rules = {rule for rule, _ in planned_jobs(finished_run)}
+def test_library_edit_reruns_the_stages_that_import_it(run_copy):
+    edit(run_copy / "scripts/evo_sdpa/report.py")
+    assert planned_jobs(run_copy) == {("final_summary", ""), ("all", "")}
+    edit(run_copy / "scripts/evo_sdpa/parity.py")
+    rules = {rule for rule, _ in planned_jobs(run_copy)}
     assert "parity" in rules and "build_variant" not in rules and "sdpa_baseline" not in rules
 
 

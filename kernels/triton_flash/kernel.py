@@ -37,7 +37,7 @@ LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * LOG2_E)
 #   1,8,4096,128,yes          156.3*    114.7      122.5      122.3       128.8    97.7
 #   16,16,4096,128,no        5802*     5304       4832       5972        4850    3787
 #   (* spills). 64-row tiles double the programs (small grids fill more SMs, the causal
-#   triangle balances better) at 119-168 registers and 32 KiB (D=64) / 64 KiB (D=128) of
+#   triangle balances better) at 119-168 registers and 56 KiB (D=64) / 112 KiB (D=128) of
 #   shared memory; 128x64 at 8 warps is 10% faster only on the largest non-causal D=128 shape.
 LAUNCH_CONFIGS: dict[int, dict[str, int]] = {
     64: {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
@@ -182,7 +182,9 @@ def _triton_flash_fwd(Q, K, V, Out, seq_len, qk_scale_log2,
 # What @triton.jit made of the kernel decides it: TRITON_INTERPRET read when this module loaded.
 _INTERPRETER = not isinstance(_triton_flash_fwd, triton.runtime.jit.JITFunction)
 
-# compiled kernels launched by this process, keyed by (dtype, head dim, causal)
+# compiled kernels launched by this process, one per specialisation: keyed by (dtype, head dim,
+# causal, compiled hash); the hash also tells apart Triton's own specialisations of seq_len
+# (== 1, divisible by 16 or not)
 _launched: dict[tuple, tuple[object, dict[str, int]]] = {}
 
 
@@ -233,7 +235,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     if not _INTERPRETER and compiled is not None:
-        _launched[(q.dtype, head_dim, bool(causal))] = (compiled, config)
+        key = (str(q.dtype).removeprefix("torch."), head_dim, bool(causal), str(compiled.hash))
+        _launched[key] = (compiled, dict(config))
 
 
 def compiled_resources() -> list[dict]:
@@ -244,8 +247,7 @@ def compiled_resources() -> list[dict]:
     ``metadata.shared`` is the static + dynamic shared memory in bytes.
     """
     resources = []
-    for (dtype, head_dim, causal), (compiled, config) in sorted(
-            _launched.items(), key=lambda item: (str(item[0][0]), item[0][1], item[0][2])):
+    for (dtype, head_dim, causal, _), (compiled, config) in sorted(_launched.items()):
         metadata = compiled.metadata
         n_spills = getattr(compiled, "n_spills", None)
         resources.append({
@@ -258,6 +260,6 @@ def compiled_resources() -> list[dict]:
             "num_stages": getattr(metadata, "num_stages", config["num_stages"]),
             "config": {"BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"],
                        "HEAD_DIM": head_dim, "IS_CAUSAL": causal,
-                       "dtype": str(dtype).removeprefix("torch.")},
+                       "dtype": dtype},
         })
     return resources

@@ -1,0 +1,101 @@
+"""GPU tests: the CUDA and Triton variants, the timing harness and the sanitizer on a real
+device. Marked `gpu`; they skip on hosts without one (tests/conftest.py)."""
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from evo_sdpa.build import build_cuda
+from evo_sdpa.parity import ParityCase, run_case
+from evo_sdpa.runners import load_forward
+from evo_sdpa.stats import StopRule
+from evo_sdpa.tolerance import ToleranceRule
+from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+pytestmark = pytest.mark.gpu
+RULE = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})
+
+
+def compute_capability() -> str:
+    import torch
+
+    major, minor = torch.cuda.get_device_capability()
+    return f"{major}.{minor}"
+
+
+@pytest.fixture(scope="module")
+def scalar_forward(tmp_path_factory):
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc")
+    variant = load_variant(KERNELS_DIR / "v1_scalar")
+    verdict, resources, _ = build_cuda(variant, compute_capability(), tmp_path_factory.mktemp("build"))
+    assert verdict["status"] == "pass", verdict["reasons"]
+    assert all(r["spill_store_bytes"] == 0 and r["stack_frame_bytes"] == 0 for r in resources)
+    return load_forward(variant, verdict["artifact"])
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("S", [1, 17, 1000])
+def test_v1_scalar_matches_reference(scalar_forward, dtype, D, causal, S):
+    case = ParityCase(dtype, 2, 3, S, D, causal, "large", seed=7)
+    record = run_case(case, scalar_forward, RULE, "cuda")
+    assert record["status"] == "pass", record["reason"]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_triton_flash_matches_reference(dtype, D, causal):
+    forward = load_forward(load_variant(KERNELS_DIR / "triton_flash"), None)
+    record = run_case(ParityCase(dtype, 1, 2, 300, D, causal, "dominant_key", 3), forward, RULE, "cuda")
+    assert record["status"] == "pass", record["reason"]
+
+
+def test_cuda_variant_rejects_unsupported_head_dim(scalar_forward):
+    import torch
+
+    q = torch.randn(1, 1, 8, 96, device="cuda", dtype=torch.float16)
+    with pytest.raises(RuntimeError, match="returned -1"):
+        scalar_forward(q, q, q, torch.empty_like(q), False, 1.0)
+
+
+def test_eager_timing_measures_a_known_duration():
+    """torch.cuda._sleep spins a known number of cycles: the harness must report about that."""
+    import torch
+
+    from evo_sdpa.timing import time_eager
+
+    cycles = 2_000_000
+    rule = StopRule(min_samples=10, min_time_ms=1, max_time_ms=2000, rel_spread=0.05)
+    result = time_eager({"sleep": lambda: torch.cuda._sleep(cycles)}, rule, warmup_ms=5, flush=True)
+    p50 = result["sleep"]["stats"]["p50_us"]
+    expected_us = cycles / 1980.0  # at the H100/H200 boost clock; slower clocks take longer
+    assert 0.8 * expected_us < p50 < 5 * expected_us, (p50, expected_us)
+    assert result["sleep"]["ended_by"] in {"converged", "time cap"}
+
+
+def test_sanitizer_catches_an_out_of_bounds_write(tmp_path):
+    """A planted write one element past the output, under memcheck with padding."""
+    from evo_sdpa.device import find_tool
+    from evo_sdpa.sanitizer import run_tools
+
+    sanitizer = find_tool("compute-sanitizer")
+    if sanitizer is None:
+        pytest.skip("needs compute-sanitizer")
+    script = tmp_path / "oob.py"
+    script.write_text(
+        "import torch\n"
+        "x = torch.zeros(1024, device='cuda')\n"
+        "torch.cuda.synchronize()\n"
+        "y = x.as_strided((1,), (1,), 1024 + 8)\n"
+        "y.fill_(1.0)\n"
+        "torch.cuda.synchronize()\n")
+    results = run_tools(sanitizer, ["memcheck"], 256, [sys.executable, str(script)], tmp_path)
+    assert results[0]["status"] == "fail", results
+    assert "Invalid __global__ write" in results[0]["reason"]
