@@ -185,7 +185,7 @@ _INTERPRETER = not isinstance(_triton_flash_fwd, triton.runtime.jit.JITFunction)
 # compiled kernels launched by this process, one per specialisation: keyed by (dtype, head dim,
 # causal, compiled hash); the hash also tells apart Triton's own specialisations of seq_len
 # (== 1, divisible by 16 or not)
-_launched: dict[tuple, tuple[object, dict[str, int]]] = {}
+_launched: dict[tuple, tuple[object, dict[str, int], int]] = {}
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
@@ -236,7 +236,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     )
     if not _INTERPRETER and compiled is not None:
         key = (str(q.dtype).removeprefix("torch."), head_dim, bool(causal), str(compiled.hash))
-        _launched[key] = (compiled, dict(config))
+        if key not in _launched:
+            _launched[key] = (compiled, dict(config), seq_len)
 
 
 def compiled_resources() -> list[dict]:
@@ -247,7 +248,7 @@ def compiled_resources() -> list[dict]:
     ``metadata.shared`` is the static + dynamic shared memory in bytes.
     """
     resources = []
-    for (dtype, head_dim, causal, _), (compiled, config) in sorted(_launched.items()):
+    for (dtype, head_dim, causal, _), (compiled, config, seq_len) in sorted(_launched.items()):
         metadata = compiled.metadata
         n_spills = getattr(compiled, "n_spills", None)
         resources.append({
@@ -261,5 +262,7 @@ def compiled_resources() -> list[dict]:
             "config": {"BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"],
                        "HEAD_DIM": head_dim, "IS_CAUSAL": causal,
                        "dtype": dtype},
+            # a sequence length that compiled it (Triton specialises S == 1 and S % 16 == 0)
+            "first_seq_len": seq_len,
         })
     return resources
