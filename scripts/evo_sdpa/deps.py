@@ -17,7 +17,8 @@ DATA_FILES = {
 }
 
 
-def _imported_modules(path: Path, in_package: bool) -> set[str]:
+@lru_cache(maxsize=None)
+def _imported_modules(path: Path, in_package: bool) -> frozenset[str]:
     tree = ast.parse(path.read_text(), filename=str(path))
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -39,7 +40,7 @@ def _imported_modules(path: Path, in_package: bool) -> set[str]:
                 found.add(rest[0])
             else:  # `from evo_sdpa import x` / `from . import x`
                 found.update(alias.name for alias in node.names)
-    return {name for name in found if (PACKAGE_DIR / f"{name}.py").is_file()}
+    return frozenset(name for name in found if (PACKAGE_DIR / f"{name}.py").is_file())
 
 
 @lru_cache(maxsize=None)

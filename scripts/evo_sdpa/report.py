@@ -3,6 +3,7 @@ highlights beside SDPA's, what could not run and why; rendered with jinja2, plot
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 from .io import read_json
@@ -147,12 +148,18 @@ def build_leaderboard(results: Path, variants: list[str], cfg: dict, suite_label
     }
 
 
+def format_number(value, fmt: str = "{:.2f}") -> str:
+    if value is None:
+        return "n/a"
+    return fmt.format(value) if isinstance(value, (int, float)) else str(value)
+
+
 def render(leaderboard: dict) -> str:
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE.parent)),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    env.filters["num"] = lambda v, fmt="{:.2f}": "n/a" if v is None else fmt.format(v)
+    env.filters["num"] = format_number
     return env.get_template(TEMPLATE.name).render(lb=leaderboard, stages=STAGES)
 
 
@@ -163,25 +170,29 @@ def plot_speedups(leaderboard: dict, path: str) -> None:
     import matplotlib.pyplot as plt
 
     rows = [(e["name"], r) for e in leaderboard["variants"] for r in e["speedups"]]
-    fig, ax = plt.subplots(figsize=(10, 4.5))
+    fig, ax = plt.subplots(figsize=(10, 5))
     if not rows:
         ax.axis("off")
         why = leaderboard["not_run"][0] if leaderboard["not_run"] else "no variant reached the bench"
         ax.text(0.5, 0.5, f"No speedup measured on {leaderboard['device']}.\n{why}",
                 ha="center", va="center", wrap=True)
     else:
-        labels = sorted({f"{r['shape']}\n{r['dtype']}" for _, r in rows})
+        labels = sorted({f"{r['shape']} {r['dtype']}" for _, r in rows})
         names = sorted({name for name, _ in rows})
         width = 0.8 / len(names)
         for i, name in enumerate(names):
-            values = {f"{r['shape']}\n{r['dtype']}": r["speedup_p50"] for n, r in rows if n == name}
+            values = {f"{r['shape']} {r['dtype']}": r["speedup_p50"] for n, r in rows if n == name}
             xs = [j + i * width for j in range(len(labels))]
-            ax.bar(xs, [values.get(lbl, 0.0) for lbl in labels], width, label=name)
+            ax.bar(xs, [values.get(lbl, float("nan")) for lbl in labels], width, label=name)
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
-        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, fontsize=7)
-        ax.set_ylabel("speedup vs SDPA (p50, same run)")
+        ax.set_yscale("log")  # rungs of the ladder differ by orders of magnitude
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, fontsize=7,
+                      rotation=30, ha="right")
+        ax.set_ylabel("speedup vs SDPA (p50, same run, log)")
         ax.set_title(f"evo-sdpa speedups on {leaderboard['device']}")
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    partial = f"{path}.partial.png"  # written whole, then renamed: never half a plot on disk
+    fig.savefig(partial, dpi=110)
     plt.close(fig)
+    os.replace(partial, path)
