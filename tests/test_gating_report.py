@@ -492,7 +492,7 @@ def test_render_gpu_summary(gpu_leaderboard):
     reason = by_name(gpu_leaderboard)["bad"]["reasons"]["parity"]
     assert f"- **bad / parity**: {reason}" in text
     assert "**SDPA default (the bar)**" in text
-    assert "**bad**: not analysed (stopped at parity)" in text
+    assert "**bad**\n\nNot analysed (stopped at parity)." in text
     assert "| good | faster than SDPA (p50) on every bench shape | not met |" in text
     assert "git 0123456789ab (dirty)" in text
     assert "Every stage ran." in text
