@@ -83,8 +83,9 @@ def test_eager_timing_measures_a_known_duration():
     assert result["sleep"]["ended_by"] in {"converged", "time cap"}
 
 
-def test_sanitizer_catches_an_out_of_bounds_write(tmp_path):
-    """A planted write one element past the output, under memcheck with padding."""
+def test_sanitizer_catches_an_out_of_bounds_access(scalar_forward, tmp_path):
+    """A planted bug: the kernel is told S=65 for tensors of 64 rows, so it reads and writes one
+    row past each buffer. memcheck with padding must report it."""
     from evo_sdpa.device import find_tool
     from evo_sdpa.sanitizer import run_tools
 
@@ -93,12 +94,16 @@ def test_sanitizer_catches_an_out_of_bounds_write(tmp_path):
         pytest.skip("needs compute-sanitizer")
     script = tmp_path / "oob.py"
     script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / 'scripts')!r})\n"
         "import torch\n"
-        "x = torch.zeros(1024, device='cuda')\n"
-        "torch.cuda.synchronize()\n"
-        "y = x.as_strided((1,), (1,), 1024 + 8)\n"
-        "y.fill_(1.0)\n"
+        "from evo_sdpa.cuda_abi import CudaVariant\n"
+        f"lib = CudaVariant({str(scalar_forward.path)!r})\n"
+        "q = torch.randn(1, 1, 64, 64, device='cuda', dtype=torch.float16)\n"
+        "o = torch.empty_like(q)\n"
+        "stream = torch.cuda.current_stream().cuda_stream\n"
+        "lib._forward(q.data_ptr(), q.data_ptr(), q.data_ptr(), o.data_ptr(), 1, 1, 65, 64, 0, 0.125, 0, stream)\n"
         "torch.cuda.synchronize()\n")
     results = run_tools(sanitizer, ["memcheck"], 256, [sys.executable, str(script)], tmp_path)
     assert results[0]["status"] == "fail", results
-    assert "Invalid __global__ write" in results[0]["reason"]
+    assert "Invalid __global__" in results[0]["reason"], results[0]["reason"]
