@@ -196,3 +196,15 @@ def test_missing_nvcc_is_one_line_naming_the_tool(tmp_path):
     assert proc.stderr.strip().splitlines() == [
         "evo-sdpa: nvcc not found on PATH: install the CUDA toolkit (12.4 or newer) and put its bin/ on PATH"]
     assert not (root / "out").exists()
+
+
+def test_stage_that_cannot_reach_a_verdict_shows_its_line_and_leaves_nothing(tmp_path):
+    root = copy_tree(tmp_path)
+    env = {**CPU_ENV, "PATH": f"{Path(sys.executable).parent}{os.pathsep}/usr/bin{os.pathsep}/bin",
+           "CUDA_HOME": str(tmp_path / "none")}
+    proc = subprocess.run(SNAKEMAKE + ["--cores", "1", "results/build/v1_scalar/verdict.json"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "evo-sdpa: nvcc not found on PATH" in proc.stdout + proc.stderr
+    assert not (root / "results/build/v1_scalar").exists()
+    assert "nvcc not found" in (root / "results/logs/build/v1_scalar.log").read_text()

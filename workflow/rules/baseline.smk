@@ -16,4 +16,4 @@ rule sdpa_baseline:
         gpu=1 if GPU else 0,
     shell:
         "python3 {input.script} --env {input.env} --config-json {params.cfg:q}"
-        " --json {output.json} --csv {output.csv} > {log} 2>&1"
+        " --json {output.json} --csv {output.csv} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"

@@ -20,4 +20,4 @@ rule bench:
     shell:
         "python3 {input.script} --variant {wildcards.variant} --env {input.env}"
         " --build {input.build} --sanitizer {input.sanitizer} --parity {input.parity}"
-        " --config-json {params.cfg:q} --out {output.json} > {log} 2>&1"
+        " --config-json {params.cfg:q} --out {output.json} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"

@@ -19,4 +19,4 @@ rule build_variant:
     shell:
         "python3 {input.script} --variant {wildcards.variant} --compute-capability {params.cc}"
         " --verdict {output.verdict} --resources {output.resources}"
-        " --compiler-log {output.compiler_log} > {log} 2>&1"
+        " --compiler-log {output.compiler_log} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"

@@ -12,6 +12,9 @@ from evo_sdpa.errors import StageError
 from evo_sdpa.variants import RESERVED, discover, select, variant_files
 
 ABI_HEADER = "kernels/common/evo_sdpa_abi.h"
+# Every shell command ends in `|| (tail -n 1 {log} >&2; exit 1)`: a stage that cannot reach a
+# verdict ends its log with one line naming the problem and the fix, and that line is repeated
+# on the console so it is not buried behind Snakemake's error report.
 SDPA_ENTRY = "sdpa"  # the reference entry beside the variants in the profile and analysis stages
 
 

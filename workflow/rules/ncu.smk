@@ -17,4 +17,4 @@ rule ncu:
         gpu=1 if GPU else 0,
     shell:
         "python3 {input.script} --entry {wildcards.variant} --enabled {params.enabled}"
-        " --config-json {params.cfg:q} --csv {output.csv} --status {output.status} > {log} 2>&1"
+        " --config-json {params.cfg:q} --csv {output.csv} --status {output.status} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"

@@ -16,4 +16,4 @@ rule parity:
         gpu=1 if GPU else 0,
     shell:
         "python3 {input.script} --variant {wildcards.variant} --build {input.build}"
-        " --config-json {params.cfg:q} --out {output.json} > {log} 2>&1"
+        " --config-json {params.cfg:q} --out {output.json} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"

@@ -16,7 +16,7 @@ rule final_summary:
     shell:
         "python3 {input.script} --results results --variants {params.variants}"
         " --config-json {params.cfg:q} --md {output.md} --leaderboard {output.leaderboard}"
-        " --plot {output.plot} > {log} 2>&1"
+        " --plot {output.plot} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
 
 
 rule gates:
@@ -33,4 +33,4 @@ rule gates:
         cfg=config_json("gates"),
     shell:
         "python3 {input.script} --leaderboard {input.leaderboard} --config-json {params.cfg:q}"
-        " --out {output} 2> {log}"
+        " --out {output} 2> {log} || (tail -n 1 {log} >&2; exit 1)"
