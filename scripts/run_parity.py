@@ -8,6 +8,7 @@ from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
 from evo_sdpa.errors import StageError, run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import read_json, write_json
+from evo_sdpa.oracle import oracle_records
 from evo_sdpa.parity import build_matrix, run_case, verdict
 from evo_sdpa.tolerance import ToleranceRule
 from evo_sdpa.variants import KERNELS_DIR, load_variant
@@ -39,14 +40,15 @@ def main() -> None:
     from evo_sdpa.runners import load_forward
 
     forward = load_forward(variant, read_json(args.build).get("artifact"))
+    device = "cuda" if on_gpu else "cpu"
+    records = oracle_records(variant, forward, device)
     cases = build_matrix(variant, cfg["parity"]["tiers"][tier_name])
     if args.case:
+        records = [r for r in records if r["id"] == args.case]
         cases = [c for c in cases if c.case_id == args.case]
-        if not cases:
+        if not cases and not records:
             raise StageError(f"no parity case {args.case!r} in tier {tier_name!r} for {args.variant}")
     rule = ToleranceRule.from_config(cfg["tolerance"])
-    device = "cuda" if on_gpu else "cpu"
-    records = []
     for case in cases:
         record = run_case(case, forward, rule, device)
         records.append(record)

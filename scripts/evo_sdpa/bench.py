@@ -38,13 +38,19 @@ def recheck(forward, shape: Shape, dtype: str, rule: ToleranceRule) -> dict:
     return {"status": "pass" if passed else "fail", "max_abs": err, "sdpa_max_abs": sdpa_err, "bound": bound}
 
 
-def ceiling_flag(achieved_tflops: float, ceilings: dict | None, dtype: str) -> str | None:
+def ceiling_flag(achieved_tflops: float, achieved_gbps: float, ceilings: dict | None,
+                 dtype: str) -> str | None:
+    """Faster than the roofline means the measurement is wrong, not the kernel fast."""
     if not ceilings:
         return None
-    ceiling = ceilings["matmul_tflops"].get(dtype)
-    if ceiling and achieved_tflops > CEILING_SLACK * ceiling:
+    flops_ceiling = ceilings["matmul_tflops"].get(dtype)
+    if flops_ceiling and achieved_tflops > CEILING_SLACK * flops_ceiling:
         return (f"{achieved_tflops:.0f} TFLOP/s is above the measured {dtype} matmul ceiling "
-                f"({ceiling:.0f}): the measurement is wrong, not the kernel fast")
+                f"({flops_ceiling:.0f}): the measurement is wrong, not the kernel fast")
+    copy_ceiling = ceilings.get("copy_gbps")
+    if copy_ceiling and achieved_gbps > CEILING_SLACK * copy_ceiling:
+        return (f"{achieved_gbps:.0f} GB/s of compulsory traffic is above the measured copy "
+                f"bandwidth ({copy_ceiling:.0f}): inputs were served from cache, not memory")
     return None
 
 
@@ -68,6 +74,7 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
     for mode, by_name in measured.items():
         v_stats, s_stats = by_name["variant"]["stats"], by_name["sdpa"]["stats"]
         achieved = tflops(shape.flops, v_stats["p50_us"])
+        achieved_gbps = gbps(shape.min_bytes(dtype), v_stats["p50_us"])
         modes[mode] = {
             "label": by_name["variant"]["mode"],
             "cache": by_name["variant"]["cache"],
@@ -78,8 +85,8 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
             "speedup_p90": s_stats["p90_us"] / v_stats["p90_us"],
             "variant_tflops": achieved,
             "sdpa_tflops": tflops(shape.flops, s_stats["p50_us"]),
-            "variant_gbps": gbps(shape.min_bytes(dtype), v_stats["p50_us"]),
-            "sanity_flag": ceiling_flag(achieved, ceilings, dtype),
+            "variant_gbps": achieved_gbps,
+            "sanity_flag": ceiling_flag(achieved, achieved_gbps, ceilings, dtype),
         }
     check = recheck(variant_forward, shape, dtype, rule)
     return {"shape": shape.to_dict(), "label": shape.label, "dtype": dtype, "status": "measured",

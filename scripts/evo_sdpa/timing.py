@@ -32,6 +32,35 @@ def l2_bytes() -> int:
     return int(torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size)
 
 
+class PersistingL2Reset:
+    """Undo any persisting-L2 state between timed calls. A kernel can set an access-policy
+    window on the stream; the lines it marks persisting survive a flush buffer and have been
+    used to report bandwidth above the card's peak. Driver API through ctypes: no build step."""
+
+    ACCESS_POLICY_WINDOW = 1  # CU_LAUNCH_ATTRIBUTE_ACCESS_POLICY_WINDOW
+    ATTR_VALUE_BYTES = 64     # sizeof(CUlaunchAttributeValue)
+
+    def __init__(self, stream_handle: int):
+        import ctypes
+
+        self.stream = ctypes.c_void_p(stream_handle)
+        self.empty_window = ctypes.create_string_buffer(self.ATTR_VALUE_BYTES)  # num_bytes 0: off
+        try:
+            self.driver = ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            self.driver = None
+
+    @property
+    def available(self) -> bool:
+        return self.driver is not None
+
+    def __call__(self) -> None:
+        if self.driver is None:
+            return
+        self.driver.cuStreamSetAttribute(self.stream, self.ACCESS_POLICY_WINDOW, self.empty_window)
+        self.driver.cuCtxResetPersistingL2Cache()
+
+
 class L2Flusher:
     def __init__(self, nbytes: int):
         import torch
@@ -66,6 +95,7 @@ def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: 
     names = list(calls)
     samples: dict[str, list[float]] = {name: [] for name in names}
     stream = torch.cuda.current_stream()
+    reset_l2 = PersistingL2Reset(stream.cuda_stream)
     start_wall = time.perf_counter()
     ended_by = None
     round_index = 0
@@ -73,6 +103,7 @@ def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: 
         order = names if round_index % 2 == 0 else names[::-1]
         events = []
         for name in order:
+            reset_l2()
             if flusher:
                 flusher()
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -85,8 +116,10 @@ def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: 
             samples[name].append(begin.elapsed_time(end) * 1e3)
         round_index += 1
         ended_by = rule.check(list(samples.values()), (time.perf_counter() - start_wall) * 1e3)
-    return _results(samples, ended_by, mode="eager",
-                    cache="L2 flushed before each call" if flush else "L2 not flushed")
+    cache = "L2 flushed before each call" if flush else "L2 not flushed"
+    if reset_l2.available:
+        cache += "; persisting-L2 window reset"
+    return _results(samples, ended_by, mode="eager", cache=cache)
 
 
 def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls: int,
@@ -114,6 +147,7 @@ def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls
     names = list(graphs)
     samples: dict[str, list[float]] = {name: [] for name in names}
     stream = torch.cuda.current_stream()
+    reset_l2 = PersistingL2Reset(stream.cuda_stream)
     start_wall = time.perf_counter()
     ended_by = None
     round_index = 0
@@ -121,6 +155,7 @@ def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls
         order = names if round_index % 2 == 0 else names[::-1]
         events = []
         for name in order:
+            reset_l2()
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record(stream)
             graphs[name].replay()
@@ -133,6 +168,8 @@ def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls
         ended_by = rule.check(list(samples.values()), (time.perf_counter() - start_wall) * 1e3)
     cache = f"{n_sets} input sets rotated per replay" + (
         " (together larger than L2)" if n_sets > 1 else " (one set: fits in L2)")
+    if reset_l2.available:
+        cache += "; persisting-L2 window reset"
     return _results(samples, ended_by, mode=f"graph x{graph_calls}", cache=cache)
 
 
