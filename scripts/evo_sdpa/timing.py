@@ -83,19 +83,16 @@ def _warm(call: Callable[[], None], warmup_ms: float) -> None:
         torch.cuda.synchronize()
 
 
-def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: float,
-               flush: bool) -> dict:
-    """Time each callable alone between CUDA events, interleaved round by round; the order
-    alternates each round so neither side always runs on a warmer GPU."""
+def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
+                         before_each: Callable[[], None], calls_per_sample: int) -> tuple[dict, str]:
+    """Sample every callable between CUDA events on one stream, round by round, until the stop
+    rule ends it. The order alternates each round so neither side always runs on a warmer GPU;
+    `before_each` runs outside the timed region (L2 reset and flush)."""
     import torch
 
-    flusher = L2Flusher(FLUSH_FACTOR * l2_bytes()) if flush else None
-    for call in calls.values():
-        _warm(call, warmup_ms)
-    names = list(calls)
+    names = list(timed)
     samples: dict[str, list[float]] = {name: [] for name in names}
     stream = torch.cuda.current_stream()
-    reset_l2 = PersistingL2Reset(stream.cuda_stream)
     start_wall = time.perf_counter()
     ended_by = None
     round_index = 0
@@ -103,69 +100,71 @@ def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: 
         order = names if round_index % 2 == 0 else names[::-1]
         events = []
         for name in order:
-            reset_l2()
-            if flusher:
-                flusher()
+            before_each()
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record(stream)
-            calls[name]()
+            timed[name]()
             end.record(stream)
             events.append((name, begin, end))
         torch.cuda.synchronize()
         for name, begin, end in events:
-            samples[name].append(begin.elapsed_time(end) * 1e3)
+            samples[name].append(begin.elapsed_time(end) * 1e3 / calls_per_sample)
         round_index += 1
         ended_by = rule.check(list(samples.values()), (time.perf_counter() - start_wall) * 1e3)
+    return samples, ended_by
+
+
+def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: float,
+               flush: bool) -> dict:
+    """Time each callable alone, one call a sample, with L2 flushed before each call."""
+    import torch
+
+    flusher = L2Flusher(FLUSH_FACTOR * l2_bytes()) if flush else None
+    reset_l2 = PersistingL2Reset(torch.cuda.current_stream().cuda_stream)
+
+    def before_each() -> None:
+        reset_l2()
+        if flusher:
+            flusher()
+
+    for call in calls.values():
+        _warm(call, warmup_ms)
+    samples, ended_by = _interleaved_samples(calls, rule, before_each, calls_per_sample=1)
     cache = "L2 flushed before each call" if flush else "L2 not flushed"
     if reset_l2.available:
         cache += "; persisting-L2 window reset"
     return _results(samples, ended_by, mode="eager", cache=cache)
 
 
-def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls: int,
-               rule: StopRule, warmup_ms: float) -> dict:
-    """Capture `graph_calls` calls of each callable (call(i) uses input set i % n_sets) in one
-    CUDA graph and time its replays; a sample is replay time / graph_calls."""
+def capture_graph(call: Callable[[int], None], n_sets: int, graph_calls: int):
+    """One CUDA graph of `graph_calls` calls, call(i) on input set i % n_sets."""
     import torch
 
-    graphs = {}
-    for name, call in calls.items():
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):       # warm-up outside capture: compiles, allocates
-            for i in range(3):
-                call(i % n_sets)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            for i in range(graph_calls):
-                call(i % n_sets)
-        graphs[name] = graph
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside capture: compiles, allocates
+        for i in range(3):
+            call(i % n_sets)
+    torch.cuda.current_stream().wait_stream(side)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(graph_calls):
+            call(i % n_sets)
+    return graph
+
+
+def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls: int,
+               rule: StopRule, warmup_ms: float) -> dict:
+    """Replay a captured graph of `graph_calls` calls; a sample is replay time / graph_calls."""
+    import torch
+
+    graphs = {name: capture_graph(call, n_sets, graph_calls) for name, call in calls.items()}
     for graph in graphs.values():
         _warm(graph.replay, warmup_ms)
-    names = list(graphs)
-    samples: dict[str, list[float]] = {name: [] for name in names}
-    stream = torch.cuda.current_stream()
-    reset_l2 = PersistingL2Reset(stream.cuda_stream)
-    start_wall = time.perf_counter()
-    ended_by = None
-    round_index = 0
-    while ended_by is None:
-        order = names if round_index % 2 == 0 else names[::-1]
-        events = []
-        for name in order:
-            reset_l2()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            begin.record(stream)
-            graphs[name].replay()
-            end.record(stream)
-            events.append((name, begin, end))
-        torch.cuda.synchronize()
-        for name, begin, end in events:
-            samples[name].append(begin.elapsed_time(end) * 1e3 / graph_calls)
-        round_index += 1
-        ended_by = rule.check(list(samples.values()), (time.perf_counter() - start_wall) * 1e3)
+    reset_l2 = PersistingL2Reset(torch.cuda.current_stream().cuda_stream)
+    samples, ended_by = _interleaved_samples({name: g.replay for name, g in graphs.items()}, rule,
+                                             reset_l2, calls_per_sample=graph_calls)
     cache = f"{n_sets} input sets rotated per replay" + (
         " (together larger than L2)" if n_sets > 1 else " (one set: fits in L2)")
     if reset_l2.available:
