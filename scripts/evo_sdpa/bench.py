@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from .inputs import make_qkv, poisoned_like, reference
+from .inputs import make_qkv, reference
 from .runners import sdpa_call
 from .shapes import Shape, torch_dtype
 from .stats import gbps, tflops
@@ -18,24 +18,28 @@ RECHECK_SEED = 10_000
 CEILING_SLACK = 1.05
 
 
-def recheck(forward, shape: Shape, dtype: str, rule: ToleranceRule) -> dict:
-    """Run the variant on fresh inputs into a poisoned buffer: a kernel that cached an earlier
-    output or special-cased the timed inputs fails here."""
+def recheck(forward, timed: tuple, shape: Shape, dtype: str, rule: ToleranceRule) -> dict:
+    """Refill the very tensors the timing loop used with fresh values, re-poison the output and
+    run the variant once more: a kernel that caches results by address, skips repeated calls or
+    special-cases the timed inputs fails here (new allocations could land elsewhere and miss it)."""
     import torch
     import torch.nn.functional as F
 
     scale = 1.0 / math.sqrt(shape.D)
-    q, k, v = make_qkv(shape.B, shape.H, shape.S, shape.D, torch_dtype(dtype), "cuda", RECHECK_SEED)
-    out = poisoned_like(q)
+    q, k, v, out = timed
+    fresh = make_qkv(shape.B, shape.H, shape.S, shape.D, torch_dtype(dtype), "cuda", RECHECK_SEED)
+    for buffer, values in zip((q, k, v), fresh):
+        buffer.copy_(values)
+    out.fill_(float("nan"))
     forward(q, k, v, out, shape.causal, scale)
     torch.cuda.synchronize()
     ref = reference(q, k, v, shape.causal, scale)
     err = error_stats(out, ref)["max_abs"]
     sdpa_err = error_stats(F.scaled_dot_product_attention(q, k, v, is_causal=shape.causal, scale=scale), ref)["max_abs"]
     passed, bound = rule.judge(dtype, err, sdpa_err)
-    del q, k, v, out, ref
-    torch.cuda.empty_cache()
-    return {"status": "pass" if passed else "fail", "max_abs": err, "sdpa_max_abs": sdpa_err, "bound": bound}
+    del fresh, ref
+    return {"status": "pass" if passed else "fail", "max_abs": err, "sdpa_max_abs": sdpa_err,
+            "bound": bound, "on": "the timed buffers, refilled in place"}
 
 
 def ceiling_flag(achieved_tflops: float, achieved_gbps: float, ceilings: dict | None,
@@ -60,8 +64,11 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
 
     scale = 1.0 / math.sqrt(shape.D)
 
+    timed_buffers = []  # the (q, k, v, out) sets the variant was timed on, for the re-check
+
     def make_variant(q, k, v):
         out = torch.empty_like(q)
+        timed_buffers.append((q, k, v, out))
         return lambda: variant_forward(q, k, v, out, shape.causal, scale)
 
     def make_sdpa(q, k, v):
@@ -88,7 +95,9 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
             "variant_gbps": achieved_gbps,
             "sanity_flag": ceiling_flag(achieved, achieved_gbps, ceilings, dtype),
         }
-    check = recheck(variant_forward, shape, dtype, rule)
+    check = recheck(variant_forward, timed_buffers[0], shape, dtype, rule)
+    del timed_buffers
+    torch.cuda.empty_cache()
     return {"shape": shape.to_dict(), "label": shape.label, "dtype": dtype, "status": "measured",
             "flops": shape.flops, "modes": modes, "primary_mode": "graph" if shape.graph else "eager",
             "recheck": check, "sm_clock_mhz_before": clock_before, "sm_clock_mhz_after": clock_after}

@@ -1,0 +1,274 @@
+"""MUTANT triton_wrong_scale (tests/mutants, never kernels/): triton_flash with one planted
+defect. forward() ignores the caller's softmax scale and passes 1/D (times log2(e)) instead of
+the 1/sqrt(D) every caller gives: scores sqrt(D) times too small, the softmax too flat. Writes
+every element; must be caught by parity ("above bound"; for S = 1 the output is v whatever the
+scale, so the catch needs S > 1).
+
+FlashAttention-2 style forward pass in Triton.
+
+One program computes BLOCK_M query rows of one (batch, head): it streams the keys and values
+in blocks of BLOCK_N and keeps an online softmax in fp32 (running row max ``m_i``, running
+row sum ``l_i``, unnormalised output ``acc``), so the S x S score matrix never exists.
+Scores are taken in base 2: ``exp(x * scale) == exp2(x * scale * log2(e))``, so log2(e) is
+folded into the scale once and the loop uses ``exp2`` (one MUFU.EX2 per score, no extra
+multiply).
+
+Layout: contiguous [B, H, S, D] tensors, query length == key length == S, fp16 or bf16,
+head dim 64 or 128, causal (query i sees keys j <= i) or not, any S >= 1.
+
+Entry points: ``forward(q, k, v, out, causal, scale)`` and ``compiled_resources()``.
+Runs on a GPU, or on CPU tensors under the Triton interpreter (``TRITON_INTERPRET=1`` set
+before ``import triton``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * LOG2_E)
+
+# Launch configuration per head dim; no autotune, so every run times the same kernel.
+# 64x64 tiles, 4 warps (one warpgroup: one wgmma M=64 tile), 3 stages, for both head dims.
+# Hand sweep on one H200 (triton 3.6, fp16, do_bench; graph replay for S=512), us per call:
+#   shape B,H,S,D,causal   128x64 4w  64x64 4w  128x64 8w  64x128 4w  128x128 8w   SDPA
+#   1,8,512,64,no              10.4       6.5        9.1        6.6         9.5     9.0
+#   8,16,1024,64,no           109.2      99.4       98.1      110.6       123.6    85.5
+#   2,16,2048,64,yes           83.0      68.2       76.2       72.7        82.8    61.5
+#   1,8,512,128,no             15.7*      9.0       12.5        8.8        13.7*   11.5
+#   4,16,2048,128,yes         262.2*    192.9      204.6      244.5       212.7   155.0
+#   1,8,4096,128,yes          156.3*    114.7      122.5      122.3       128.8    97.7
+#   16,16,4096,128,no        5802*     5304       4832       5972        4850    3787
+#   (* spills). 64-row tiles double the programs (small grids fill more SMs, the causal
+#   triangle balances better) at 119-168 registers and 56 KiB (D=64) / 112 KiB (D=128) of
+#   shared memory; 128x64 at 8 warps is 10% faster only on the largest non-causal D=128 shape.
+LAUNCH_CONFIGS: dict[int, dict[str, int]] = {
+    64: {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+    128: {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
+}
+
+SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
+
+# Two Triton-interpreter quirks with bf16 (it keeps bf16 as uint16 in numpy), worked around
+# only when interpreted (the INTERPRETED constexpr), so the GPU code is the plain one:
+#   * tl.dot multiplies the raw uint16 storage: the dot operands are widened to fp32 first;
+#     bf16 x bf16 products are exact in fp32, so this is the tensor-core result up to the
+#     order of the fp32 additions;
+#   * fp32 -> bf16 casts truncate instead of rounding to nearest even as the GPU does:
+#     the rounding is done on the fp32 bits first (_cast_rne).
+
+
+@triton.jit
+def _mma_operand(x, INTERPRETED: tl.constexpr):
+    """A tile as tl.dot takes it: as is on the GPU, widened to fp32 under the interpreter."""
+    if INTERPRETED:
+        x = x.to(tl.float32)
+    return x
+
+
+@triton.jit
+def _cast_rne(x, dtype: tl.constexpr, INTERPRETED: tl.constexpr):
+    """fp32 -> dtype, rounding to nearest even (the GPU's cvt; emulated for the interpreter's
+    truncating bf16 cast: add half an ulp of bf16, ties to even, keep the high 16 bits)."""
+    if INTERPRETED and dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = bits + 0x7FFF + ((bits >> 16) & 1)
+        return (bits >> 16).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+    return x.to(dtype)
+
+
+@triton.jit
+def _row_tile(base, row_start, seq_len, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr):
+    """Pointers to rows [row_start, row_start + BLOCK) of one [seq_len, HEAD_DIM] head,
+    the row indices, and which of those rows exist (row < seq_len)."""
+    rows = row_start + tl.arange(0, BLOCK)
+    cols = tl.arange(0, HEAD_DIM)
+    ptrs = base + rows[:, None] * HEAD_DIM + cols[None, :]
+    return ptrs, rows, rows[:, None] < seq_len
+
+
+@triton.jit
+def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, offs_m,
+                       key_start, key_end, seq_len, qk_scale_log2,
+                       HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK_KEYS: tl.constexpr,
+                       IS_CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Fold keys [key_start, key_end) into the online softmax state of one query tile.
+
+    MASK_KEYS is off for blocks that every row of the tile sees in full (no bounds checks,
+    no select: the common case); on for the causal diagonal and the ragged tail.
+    """
+    for start_n in range(key_start, key_end, BLOCK_N):
+        k_ptrs, offs_n, key_exists = _row_tile(k_base, start_n, seq_len, BLOCK_N, HEAD_DIM)
+        v_ptrs, _, _ = _row_tile(v_base, start_n, seq_len, BLOCK_N, HEAD_DIM)
+        if MASK_KEYS:
+            k = tl.load(k_ptrs, mask=key_exists, other=0.0)
+            v = tl.load(v_ptrs, mask=key_exists, other=0.0)
+        else:
+            k = tl.load(k_ptrs)
+            v = tl.load(v_ptrs)
+
+        # scores in log2 units: s = (q . k) * scale * log2(e)
+        s = tl.dot(q, tl.trans(_mma_operand(k, INTERPRETED))) * qk_scale_log2
+        if MASK_KEYS:
+            # padded key columns (and, for causal, keys after the query) get -inf before the max
+            visible = offs_n[None, :] < seq_len
+            if IS_CAUSAL:
+                visible = visible & (offs_n[None, :] <= offs_m[:, None])
+            s = tl.where(visible, s, float("-inf"))
+
+        # online softmax: 1) running max, 2) rescale what was summed so far, 3) accumulate
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        alpha = tl.math.exp2(m_i - m_new)
+        p = tl.math.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        # P V runs on the tensor cores in the input dtype, as in SDPA's flash kernels
+        p = _cast_rne(p, v.dtype, INTERPRETED)
+        acc = acc * alpha[:, None] + tl.dot(_mma_operand(p, INTERPRETED),
+                                            _mma_operand(v, INTERPRETED))
+        m_i = m_new
+    return acc, m_i, l_i
+
+
+@triton.jit
+def _triton_flash_fwd(Q, K, V, Out, seq_len, qk_scale_log2,
+                      HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                      IS_CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr):
+    """Out[b, h, tile] = softmax(Q K^T * scale, masked) V for one tile of BLOCK_M query rows."""
+    if IS_CAUSAL:
+        # heaviest query tiles (most keys) first, so the last wave holds the light ones
+        m_block = tl.cdiv(seq_len, BLOCK_M) - 1 - tl.program_id(0)
+    else:
+        m_block = tl.program_id(0)
+    q_start = m_block * BLOCK_M
+    head_offset = tl.program_id(1).to(tl.int64) * seq_len * HEAD_DIM
+    q_base = Q + head_offset
+    k_base = K + head_offset
+    v_base = V + head_offset
+    o_base = Out + head_offset
+
+    q_ptrs, offs_m, row_exists = _row_tile(q_base, q_start, seq_len, BLOCK_M, HEAD_DIM)
+    q = _mma_operand(tl.load(q_ptrs, mask=row_exists, other=0.0), INTERPRETED)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+
+    # Every row's first key block holds a key it sees (key 0, or for causal the first key of
+    # the diagonal block), so m_i is finite before any fully masked block and
+    # exp2(m_i - m_new) never meets -inf - (-inf).
+    if IS_CAUSAL:
+        # keys before the diagonal block are seen by every row of the tile: unmasked; then
+        # the diagonal block(s), masked; keys after the tile's last row are never loaded.
+        diag_start = (q_start // BLOCK_N) * BLOCK_N
+        diag_end = tl.minimum(q_start + BLOCK_M, seq_len)
+        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, offs_m,
+                                           0, diag_start, seq_len, qk_scale_log2,
+                                           HEAD_DIM, BLOCK_N, False, IS_CAUSAL, INTERPRETED)
+        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, offs_m,
+                                           diag_start, diag_end, seq_len, qk_scale_log2,
+                                           HEAD_DIM, BLOCK_N, True, IS_CAUSAL, INTERPRETED)
+    else:
+        # whole key blocks unmasked, then the ragged tail when S is not a multiple of BLOCK_N
+        full_end = (seq_len // BLOCK_N) * BLOCK_N
+        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, offs_m,
+                                           0, full_end, seq_len, qk_scale_log2,
+                                           HEAD_DIM, BLOCK_N, False, IS_CAUSAL, INTERPRETED)
+        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, offs_m,
+                                           full_end, seq_len, seq_len, qk_scale_log2,
+                                           HEAD_DIM, BLOCK_N, True, IS_CAUSAL, INTERPRETED)
+
+    # epilogue: normalise by the softmax denominator; rows past seq_len are never stored
+    out = acc / l_i[:, None]
+    o_ptrs, _, _ = _row_tile(o_base, q_start, seq_len, BLOCK_M, HEAD_DIM)
+    tl.store(o_ptrs, _cast_rne(out, Out.dtype.element_ty, INTERPRETED), mask=row_exists)
+
+
+# What @triton.jit made of the kernel decides it: TRITON_INTERPRET read when this module loaded.
+_INTERPRETER = not isinstance(_triton_flash_fwd, triton.runtime.jit.JITFunction)
+
+# compiled kernels launched by this process, one per specialisation: keyed by (dtype, head dim,
+# causal, compiled hash); the hash also tells apart Triton's own specialisations of seq_len
+# (== 1, divisible by 16 or not)
+_launched: dict[tuple, tuple[object, dict[str, int], int]] = {}
+
+
+def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be [B, H, S, D], got shape {tuple(t.shape)}")
+        if t.dtype not in SUPPORTED_DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; supported: float16, bfloat16")
+        if not t.is_contiguous():
+            raise ValueError(f"{name} must be contiguous")
+        if t.device != q.device:
+            raise ValueError(f"{name} is on {t.device}, q on {q.device}")
+    if not (q.shape == k.shape == v.shape == out.shape):
+        raise ValueError("q, k, v and out must have the same shape [B, H, S, D] (query length "
+                         f"== key length); got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}, {tuple(out.shape)}")
+    if not (q.dtype == k.dtype == v.dtype == out.dtype):
+        raise ValueError(f"q, k, v and out must share a dtype; got {q.dtype}, {k.dtype}, "
+                         f"{v.dtype}, {out.dtype}")
+    batch, heads, seq_len, head_dim = q.shape
+    if head_dim not in LAUNCH_CONFIGS:
+        raise ValueError(f"head dim {head_dim} unsupported; supported: {sorted(LAUNCH_CONFIGS)}")
+    if batch < 1 or heads < 1 or seq_len < 1:
+        raise ValueError(f"empty shape {tuple(q.shape)}")
+    if batch * heads > 65535:
+        raise ValueError(f"B*H = {batch * heads} exceeds the grid's second dimension (65535)")
+    if q.device.type == "cpu" and not _INTERPRETER:
+        raise ValueError("CPU tensors need the Triton interpreter (TRITON_INTERPRET=1 before "
+                         "importing triton)")
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+            causal: bool, scale: float) -> None:
+    """Write softmax(q k^T * scale, causal mask if causal) v into the preallocated ``out``."""
+    _check_inputs(q, k, v, out)
+    if not math.isfinite(scale):
+        raise ValueError(f"scale must be finite, got {scale}")
+    batch, heads, seq_len, head_dim = q.shape
+    config = LAUNCH_CONFIGS[head_dim]
+    grid = (triton.cdiv(seq_len, config["BLOCK_M"]), batch * heads)
+    compiled = _triton_flash_fwd[grid](
+        q, k, v, out, seq_len, LOG2_E / head_dim,  # PLANTED DEFECT: `scale` ignored
+        HEAD_DIM=head_dim, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
+        IS_CAUSAL=bool(causal), INTERPRETED=_INTERPRETER,
+        num_warps=config["num_warps"], num_stages=config["num_stages"],
+    )
+    if not _INTERPRETER and compiled is not None:
+        key = (str(q.dtype).removeprefix("torch."), head_dim, bool(causal), str(compiled.hash))
+        if key not in _launched:
+            _launched[key] = (compiled, dict(config), seq_len)
+
+
+def compiled_resources() -> list[dict]:
+    """Registers, spills and shared memory of each kernel specialisation launched so far.
+
+    Empty under the interpreter (nothing is compiled). Triton 3.x fills ``n_regs`` and
+    ``n_spills`` on the CompiledKernel when it loads the binary (at its first launch);
+    ``metadata.shared`` is the static + dynamic shared memory in bytes.
+    """
+    resources = []
+    for (dtype, head_dim, causal, _), (compiled, config, seq_len) in sorted(_launched.items()):
+        metadata = compiled.metadata
+        n_spills = getattr(compiled, "n_spills", None)
+        resources.append({
+            "kernel": compiled.name,
+            "registers": getattr(compiled, "n_regs", None),
+            # n_spills is CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES / 4 (driver.c): 32-bit words
+            "spill_bytes": None if n_spills is None else 4 * n_spills,
+            "shared_bytes": getattr(metadata, "shared", None),
+            "num_warps": getattr(metadata, "num_warps", config["num_warps"]),
+            "num_stages": getattr(metadata, "num_stages", config["num_stages"]),
+            "config": {"BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"],
+                       "HEAD_DIM": head_dim, "IS_CAUSAL": causal,
+                       "dtype": dtype},
+            # a sequence length that compiled it (Triton specialises S == 1 and S % 16 == 0)
+            "first_seq_len": seq_len,
+        })
+    return resources
