@@ -35,9 +35,14 @@ def main() -> None:
         write_json(args.out, skipped(f"not run: {NO_DEVICE_REASON} (a CUDA variant needs one)",
                                      variant=args.variant))
         return
+    from evo_sdpa.runners import interpreter_blocker, load_forward
+
     if not on_gpu:
-        os.environ["TRITON_INTERPRET"] = "1"  # must be set before triton is first imported
-    from evo_sdpa.runners import load_forward
+        blocker = interpreter_blocker()
+        if blocker:
+            write_json(args.out, skipped(f"not run: {blocker}", variant=args.variant))
+            return
+        os.environ["TRITON_INTERPRET"] = "1"  # must be set before the kernel module is imported
 
     forward = load_forward(variant, read_json(args.build).get("artifact"))
     device = "cuda" if on_gpu else "cpu"

@@ -51,3 +51,4 @@ def test_unwritten_row_fails():
 
     record = run_oracle(skip_last_row, "fp16", 64, True, "cpu")
     assert record["status"] == "fail" and record["max_abs"] == math.inf
+

@@ -23,6 +23,28 @@ def load_triton_module(variant: Variant):
     return module
 
 
+# Seen: Triton 3.6's interpreter turns scalar kernel arguments into 1-element arrays, which
+# NumPy 2.3+ refuses to use as loop bounds; Triton 3.9's interpreter runs the same kernels.
+INTERPRETER_MIN_TRITON = (3, 9)
+INTERPRETER_NUMPY_BREAKS = (2, 3)
+
+
+def _version(text: str) -> tuple[int, int]:
+    major, minor = (text.split("+")[0].split(".") + ["0"])[:2]
+    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or 0)
+
+
+def interpreter_blocker() -> str | None:
+    """Why the Triton interpreter cannot run the variants here, or None when it can."""
+    import importlib.metadata as md
+
+    triton, numpy = md.version("triton"), md.version("numpy")
+    if _version(triton) < INTERPRETER_MIN_TRITON and _version(numpy) >= INTERPRETER_NUMPY_BREAKS:
+        return (f"the Triton {triton} interpreter fails with NumPy {numpy} (scalar loop bounds); "
+                f"install triton>={'.'.join(map(str, INTERPRETER_MIN_TRITON))} for CPU parity")
+    return None
+
+
 def load_forward(variant: Variant, artifact: str | Path | None) -> Forward:
     """The variant's forward: a CUDA variant through its built library, Triton by import."""
     if variant.kind == "cuda":
