@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from planted import materialize
+
 REPO = Path(__file__).resolve().parents[1]
 MUTANTS = REPO / "tests" / "mutants"
 SNAKEMAKE = [sys.executable, "-m", "snakemake"]
@@ -40,9 +42,10 @@ def copy_tree(dest: Path, kernels: list[str] | None = None) -> Path:
 
 
 def add_mutants(root: Path, names: list[str]) -> None:
-    """Drop test mutants (tests/mutants/<name>/) into the copy's kernels/, as a user adds a variant."""
+    """Write test mutants (tests/mutants/<name>/: parent + planted.patch) into the copy's
+    kernels/, as a user adds a variant."""
     for name in names:
-        shutil.copytree(MUTANTS / name, root / "kernels" / name, ignore=shutil.ignore_patterns("__pycache__"))
+        materialize(MUTANTS / name, root / "kernels")
 
 
 def snakemake(cwd: Path, *args: str, check: bool = True, env: dict | None = None,

@@ -21,6 +21,7 @@ from evo_sdpa.runners import load_triton_module  # noqa: E402
 from evo_sdpa.tolerance import ToleranceRule  # noqa: E402
 from evo_sdpa.variants import KERNELS_DIR, load_variant  # noqa: E402
 from pipeline_helpers import MUTANTS  # noqa: E402
+from planted import materialized  # noqa: E402
 
 RULE = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})  # config/config.yaml
 
@@ -56,7 +57,7 @@ def forward_of(folder):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_triton_mutant_fails_parity_and_parent_passes(name):
-    mutant, parent = forward_of(MUTANTS / name), forward_of(KERNELS_DIR / "triton_flash")
+    mutant, parent = forward_of(materialized(MUTANTS / name)), forward_of(KERNELS_DIR / "triton_flash")
     records = [run_case(case, mutant, RULE, "cpu") for case in CASES[name]]
     for record in records:
         assert record["status"] == "fail", record
@@ -72,7 +73,7 @@ def test_triton_mutant_fails_parity_and_parent_passes(name):
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_triton_mutant_fails_the_oracle_and_parent_passes(name):
-    mutant, parent = forward_of(MUTANTS / name), forward_of(KERNELS_DIR / "triton_flash")
+    mutant, parent = forward_of(materialized(MUTANTS / name)), forward_of(KERNELS_DIR / "triton_flash")
     record = run_oracle(mutant, "bf16", 128, True, "cpu")
     assert record["status"] == "fail" and ORACLE_REASONS[name] in record["reason"], record
     assert run_oracle(parent, "bf16", 128, True, "cpu")["status"] == "pass"
@@ -83,7 +84,7 @@ def test_unwritten_tail_leaves_exactly_the_ragged_tile():
     touched (it keeps the NaN poison)."""
     from evo_sdpa.inputs import make_qkv, poisoned_like, reference
 
-    forward = forward_of(MUTANTS / "triton_unwritten_tail")
+    forward = forward_of(materialized(MUTANTS / "triton_unwritten_tail"))
     q, k, v = make_qkv(1, 1, 70, 64, torch.float16, "cpu", seed=2)
     out = poisoned_like(q)
     forward(q, k, v, out, False, 0.125)

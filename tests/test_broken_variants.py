@@ -3,9 +3,9 @@ a correct one, must be caught by the stage that should catch it, with a verdict 
 defect; the correct variants must pass the same path, so the suite cannot pass by failing
 everything.
 
-The mutants live in tests/mutants/<name>/ (never in kernels/): a variant.yaml and the parent's
-sources with one planted defect, described at the top of the entry source and marked
-`PLANTED DEFECT` where it is. The GPU tests (marked `gpu`) drop them into a copy of the repository
+The mutants live in tests/mutants/<name>/ (never in kernels/): a variant.yaml and planted.patch,
+the one planted defect as a diff against its kernels/ parent (tests/planted.py writes the full
+variant), described at the top of the entry source and marked `PLANTED DEFECT` where it is. The GPU tests (marked `gpu`) drop them into a copy of the repository
 and run the pipeline once, in one Snakemake invocation, on the small test configuration. The CPU
 tests check that every mutant's metadata validates and that the CUDA ones compile cleanly (they
 are wrong, not uncompilable). The Triton mutants also run under the Triton interpreter on the CPU:
@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from evo_sdpa.variants import KERNELS_DIR, load_variant
+from planted import materialized
 from pipeline_helpers import DEVICE_ENV, MUTANTS, add_mutants, copy_tree, snakemake
 
 
@@ -77,7 +78,7 @@ def test_catalogue_names_every_mutant_folder():
 
 @pytest.mark.parametrize("name", sorted(MUTANTS_CATALOGUE))
 def test_mutant_metadata_validates_and_names_its_defect(name):
-    variant = load_variant(MUTANTS / name)  # schema check; name must equal the folder name
+    variant = load_variant(materialized(MUTANTS / name))  # schema check; name == folder name
     assert variant.name == name
     assert variant.kind == ("triton" if name in TRITON_MUTANTS else "cuda")
     entry = variant.sources[0].read_text()
@@ -95,7 +96,7 @@ def nvcc_builds(tmp_path_factory):
     builds = {}
     for name in CUDA_MUTANTS:
         outdir = tmp_path_factory.mktemp(name)
-        verdict, resources, log = build_cuda(load_variant(MUTANTS / name), DEFAULT_CC, outdir)
+        verdict, resources, log = build_cuda(load_variant(materialized(MUTANTS / name)), DEFAULT_CC, outdir)
         builds[name] = (verdict, resources, log)
     return builds
 
@@ -109,7 +110,7 @@ def test_cuda_mutant_compiles_with_a_pass_verdict(nvcc_builds, name):
     assert Path(verdict["artifact"]).is_file()
     assert resources and all(r["spill_store_bytes"] == 0 for r in resources)
     if name == "smem_race":
-        assert "__shared__" in (MUTANTS / name / "kernel.cu").read_text(), "a race needs shared memory"
+        assert "__shared__" in (materialized(MUTANTS / name) / "kernel.cu").read_text(), "a race needs shared memory"
 
 
 # ---------------------------------------------------------------- GPU: through the pipeline
@@ -256,7 +257,7 @@ def built_forward(name: str, tmp_path: Path):
     from evo_sdpa.runners import load_forward
 
     major, minor = torch.cuda.get_device_capability()
-    variant = load_variant(MUTANTS / name if name in MUTANTS_CATALOGUE else KERNELS_DIR / name)
+    variant = load_variant(materialized(MUTANTS / name) if name in MUTANTS_CATALOGUE else KERNELS_DIR / name)
     verdict, _, log = build_cuda(variant, f"{major}.{minor}", tmp_path)
     assert verdict["status"] == "pass", log[-2000:]
     return variant, load_forward(variant, verdict["artifact"])

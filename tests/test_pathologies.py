@@ -1,7 +1,8 @@
 """Performance pathologies (issue 3, "Proof for the analysis"): the inversion step of the roadmap.
 
 Each variant under tests/pathologies/<name>/ is kernels/v2_tiled with ONE planted performance
-pathology (described at the top of its kernel.cu, marked `PLANTED PATHOLOGY` where it is):
+pathology, kept as planted.patch against the parent (tests/planted.py writes the full variant;
+the pathology is described at the top of its kernel.cu, marked `PLANTED PATHOLOGY` where it is):
 uncoalesced global loads, shared-memory bank conflicts, no shared-memory reuse of K and V,
 occupancy starved by register pressure. They are slow, not wrong: each must pass parity on its
 whole declared support, and the bottleneck analysis of its Nsight Compute profile must name the
@@ -33,6 +34,7 @@ import pytest
 import yaml
 
 from evo_sdpa.variants import KERNELS_DIR, load_variant
+from planted import materialize, materialized
 from pipeline_helpers import DEVICE_ENV, copy_tree, snakemake
 
 PATHOLOGIES = Path(__file__).resolve().parent / "pathologies"
@@ -117,7 +119,7 @@ def test_catalogue_names_every_pathology_folder():
 
 @pytest.mark.parametrize("name", sorted(CATALOGUE))
 def test_pathology_metadata_validates_and_matches_its_parent(name):
-    variant = load_variant(PATHOLOGIES / name)  # schema check; name must equal the folder name
+    variant = load_variant(materialized(PATHOLOGIES / name))  # schema check; name == folder name
     parent = load_variant(KERNELS_DIR / PARENT)
     assert variant.name == name and variant.kind == "cuda"
     assert variant.support == parent.support, "same declared support as the parent: parity covers it all"
@@ -140,7 +142,7 @@ def nvcc_builds(tmp_path_factory):
     outdirs = {name: tmp_path_factory.mktemp(name) for name in sorted(CATALOGUE)}
 
     def build(name):
-        return name, build_cuda(load_variant(PATHOLOGIES / name), DEFAULT_CC, outdirs[name])
+        return name, build_cuda(load_variant(materialized(PATHOLOGIES / name)), DEFAULT_CC, outdirs[name])
 
     with ThreadPoolExecutor(len(CATALOGUE)) as pool:
         return dict(pool.map(build, sorted(CATALOGUE)))
@@ -183,7 +185,7 @@ def pipeline_run(tmp_path_factory) -> PipelineRun:
     so one variant's harness crash leaves the others' verdicts to read."""
     root = copy_tree(tmp_path_factory.mktemp("pathologies"), kernels=[PARENT])
     for name in CATALOGUE:
-        shutil.copytree(PATHOLOGIES / name, root / "kernels" / name, ignore=shutil.ignore_patterns("__pycache__"))
+        materialize(PATHOLOGIES / name, root / "kernels")
     (root / "config" / "pathologies.yaml").write_text(yaml.safe_dump(PATHOLOGY_CONFIG, sort_keys=False))
     variants = [PARENT, *sorted(CATALOGUE)]
     targets = [f"results/analysis/{v}/bottlenecks.json" for v in variants]
