@@ -2,7 +2,6 @@
 device. Marked `gpu`; they skip on hosts without one (tests/conftest.py)."""
 from __future__ import annotations
 
-import math
 import os
 import shutil
 import sys
