@@ -52,3 +52,24 @@ _SCRATCH = Path(tempfile.mkdtemp(prefix="evo_planted_"))
 def materialized(planted: Path) -> Path:
     """The planted variant written once per test process (for load_variant and builds)."""
     return materialize(planted, _SCRATCH / planted.parent.name)
+
+
+def build_all(planted_dirs: list[Path], out_root: Path, compute_capability: str = "9.0") -> dict:
+    """Build planted CUDA variants with the build stage's own function, in parallel:
+    {name: (verdict, resources, compiler log)}. The output folders are made first, in the
+    caller's thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from evo_sdpa.build import build_cuda
+    from evo_sdpa.variants import load_variant
+
+    outdirs = {d.name: out_root / d.name for d in planted_dirs}
+    for outdir in outdirs.values():
+        outdir.mkdir(parents=True, exist_ok=True)
+
+    def build(planted: Path):
+        return planted.name, build_cuda(load_variant(materialized(planted)), compute_capability,
+                                        outdirs[planted.name])
+
+    with ThreadPoolExecutor(max(1, len(planted_dirs))) as pool:
+        return dict(pool.map(build, planted_dirs))

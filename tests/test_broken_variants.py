@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from evo_sdpa.variants import KERNELS_DIR, load_variant
-from planted import materialized
+from planted import build_all, materialized
 from pipeline_helpers import DEVICE_ENV, MUTANTS, add_mutants, copy_tree, snakemake
 
 
@@ -91,14 +91,8 @@ def nvcc_builds(tmp_path_factory):
     """Every CUDA mutant built with the build stage's own function, once."""
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc")
-    from evo_sdpa.build import build_cuda
-
-    builds = {}
-    for name in CUDA_MUTANTS:
-        outdir = tmp_path_factory.mktemp(name)
-        verdict, resources, log = build_cuda(load_variant(materialized(MUTANTS / name)), DEFAULT_CC, outdir)
-        builds[name] = (verdict, resources, log)
-    return builds
+    return build_all([MUTANTS / name for name in CUDA_MUTANTS], tmp_path_factory.mktemp("builds"),
+                     DEFAULT_CC)
 
 
 @pytest.mark.parametrize("name", sorted(CUDA_MUTANTS))

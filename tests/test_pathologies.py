@@ -26,7 +26,6 @@ import json
 import math
 import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +33,7 @@ import pytest
 import yaml
 
 from evo_sdpa.variants import KERNELS_DIR, load_variant
-from planted import materialize, materialized
+from planted import build_all, materialize, materialized
 from pipeline_helpers import DEVICE_ENV, copy_tree, snakemake
 
 PATHOLOGIES = Path(__file__).resolve().parent / "pathologies"
@@ -135,17 +134,8 @@ def nvcc_builds(tmp_path_factory):
     """Every pathology built with the build stage's own function, in parallel (~8 s in all)."""
     if shutil.which("nvcc") is None:
         pytest.skip("needs nvcc")
-    from evo_sdpa.build import build_cuda
-
-    # the output folders first, in this thread: pytest's temporary base folder is not made safely
-    # from several threads at once
-    outdirs = {name: tmp_path_factory.mktemp(name) for name in sorted(CATALOGUE)}
-
-    def build(name):
-        return name, build_cuda(load_variant(materialized(PATHOLOGIES / name)), DEFAULT_CC, outdirs[name])
-
-    with ThreadPoolExecutor(len(CATALOGUE)) as pool:
-        return dict(pool.map(build, sorted(CATALOGUE)))
+    return build_all([PATHOLOGIES / name for name in sorted(CATALOGUE)],
+                     tmp_path_factory.mktemp("builds"), DEFAULT_CC)
 
 
 @pytest.mark.parametrize("name", sorted(CATALOGUE))
