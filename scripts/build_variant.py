@@ -2,7 +2,7 @@
 from pathlib import Path
 
 from evo_sdpa.build import below_min_cc, build_cuda, build_triton
-from evo_sdpa.cli import parser, setup_logging
+from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.errors import run_stage
 from evo_sdpa.io import write_json, write_text
 from evo_sdpa.variants import KERNELS_DIR, load_variant
@@ -12,6 +12,7 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--variant", required=True)
     p.add_argument("--compute-capability", required=True)
+    config_arg(p)
     p.add_argument("--verdict", required=True)
     p.add_argument("--resources", required=True)
     p.add_argument("--compiler-log", required=True)
@@ -23,7 +24,8 @@ def main() -> None:
     if skip:
         verdict, resources, text = {"status": "skipped", "reasons": [skip], "artifact": None}, [], skip
     elif variant.kind == "cuda":
-        verdict, resources, text = build_cuda(variant, args.compute_capability, outdir)
+        verdict, resources, text = build_cuda(variant, args.compute_capability, outdir,
+                                              args.config_json["build"].get("cutlass_include"))
     else:
         verdict, resources, text = build_triton(variant, variant.meta["build"]["allow_spills"])
     verdict.update(variant=variant.name, kind=variant.kind,

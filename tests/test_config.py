@@ -213,8 +213,36 @@ def test_with_defaults_on_the_variant_schema():
             "support": {"dtypes": ["fp16"], "head_dims": [64], "causal": [False]}}
     filled = schema.with_defaults(meta, schema.load_schema("variant.schema.yaml"))
     assert filled["kernel_regex"] == ".*"
-    assert filled["build"] == {"nvcc_flags": [], "allow_warnings": False, "allow_spills": False}
+    assert filled["build"] == {"nvcc_flags": [], "allow_warnings": False, "allow_spills": False,
+                               "requires": [], "sass_expect": []}
     assert filled["support"]["max_seq_len"] is None
     assert filled["support"]["min_compute_capability"] == "8.0"
     assert filled["support"]["layouts"] == ["bhsd"]
     assert filled["tunables"] == {}
+
+
+# ---------------------------------------------------------------- the large suite, build.cutlass_include
+
+
+def test_large_suite_is_the_hopper_shapes_none_graph_timed(cfg):
+    labels = [s.label for s in suite_shapes(cfg, "large")]
+    assert labels == ["B4_H16_S2048_D128_causal", "B1_H8_S4096_D128_causal", "B16_H16_S4096_D128_full",
+                      "B8_H16_S1024_D64_full", "B2_H16_S2048_D64_causal"]
+    assert not any(entry.get("graph") for entry in cfg["shape_suites"]["large"])
+    assert cfg["bench_suite"] == "canonical"
+    cfg["bench_suite"] = "large"
+    assert check_config(cfg) is cfg
+
+
+def test_cutlass_include_defaults_to_null_and_takes_a_path(cfg):
+    assert cfg["build"]["cutlass_include"] is None
+    cfg["build"]["cutlass_include"] = "/opt/cutlass/include"
+    assert check_config(cfg) is cfg
+
+
+@pytest.mark.parametrize(("value", "allowed"), [(3, "expected ['null', 'string']"), ("", "")])
+def test_cutlass_include_rejects_junk(cfg, value, allowed):
+    cfg["build"]["cutlass_include"] = value
+    message = error_of(cfg)
+    assert message.startswith(f"config: key 'build.cutlass_include': {value!r} is not valid"), message
+    assert allowed in message

@@ -14,6 +14,8 @@ from evo_sdpa.nvcc import (
     compile_command,
     demangle_names,
     first_error,
+    link_command,
+    object_command,
     parse_ptxas_resources,
     run_compile,
     warning_lines,
@@ -84,6 +86,37 @@ def test_compile_command_adds_the_fixed_flags_in_order() -> None:
         "kernels/x/kernel.cu", "kernels/x/extra.cu",
         "-o", "out/x.so",
     ]
+
+
+def test_object_command_compiles_one_unit_with_the_same_flags() -> None:
+    command = object_command(
+        "nvcc", "kernels/x/fp16_d128.cu", "build/01_fp16_d128.o", "-gencode=arch=compute_90a,code=sm_90a",
+        ["-O3", "-lcuda"], ["kernels/common", "kernels/x"],
+    )
+    assert command == [
+        "nvcc",
+        "-O3", "-lcuda",
+        "-c", "-Xcompiler", "-fPIC",
+        "-Xptxas", "-v", "-Xptxas", "-warn-spills", "-Xptxas", "-warn-lmem-usage",
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "-Ikernels/common", "-Ikernels/x",
+        "kernels/x/fp16_d128.cu",
+        "-o", "build/01_fp16_d128.o",
+    ]
+
+
+def test_link_command_links_the_objects_with_the_variant_flags() -> None:
+    command = link_command("nvcc", ["a.o", "b.o"], "out/x.so", "-gencode=arch=compute_90a,code=sm_90a", ["-O3", "-lcuda"])
+    assert command == ["nvcc", "-O3", "-lcuda", "-shared", "-Xcompiler", "-fPIC",
+                       "-gencode=arch=compute_90a,code=sm_90a", "a.o", "b.o", "-o", "out/x.so"]
+    with pytest.raises(ValueError, match="object"):
+        link_command("nvcc", [], "x.so", "-gencode=arch=compute_90a,code=sm_90a", [])
+
+
+def test_first_error_of_a_failed_link_is_the_linker_line() -> None:
+    log_text = ("/usr/bin/ld: cannot find -lcuda: No such file or directory\n"
+                "collect2: error: ld returned 1 exit status\n")
+    assert first_error(log_text) == "/usr/bin/ld: cannot find -lcuda: No such file or directory"
 
 
 def test_compile_command_needs_a_source() -> None:

@@ -248,3 +248,44 @@ def test_unsupported_reason_without_max_seq_len(tmp_path):
 
 def test_kernels_dir_points_at_the_repo():
     assert variants.KERNELS_DIR == Path(__file__).resolve().parents[1] / "kernels"
+
+
+# ---------------------------------------------------------------- build.requires, build.sass_expect
+
+
+def test_build_requires_and_sass_expect_default_to_empty(kernels):
+    variant = load_variant(make_variant(kernels, "alpha", good_meta("alpha")))
+    assert variant.meta["build"]["requires"] == []
+    assert variant.meta["build"]["sass_expect"] == []
+
+
+def test_build_requires_cutlass_and_sass_expect_pass(kernels):
+    meta = good_meta("alpha")
+    meta["build"] = {"requires": ["cutlass"], "sass_expect": ["HGMMA", "UTMALDG.2D", "SYNCS"]}
+    variant = load_variant(make_variant(kernels, "alpha", meta))
+    assert variant.meta["build"]["requires"] == ["cutlass"]
+    assert variant.meta["build"]["sass_expect"] == ["HGMMA", "UTMALDG.2D", "SYNCS"]
+    assert variant.meta["build"]["nvcc_flags"] == []
+
+
+def test_build_requires_unknown_library(kernels):
+    meta = good_meta("alpha")
+    meta["build"] = {"requires": ["boost"]}
+    assert load_error(make_variant(kernels, "alpha", meta)) == (
+        "kernels/alpha/variant.yaml: key 'build.requires[0]': 'boost' is not valid (allowed: cutlass)")
+
+
+@pytest.mark.parametrize("opcode", ["hgmma", "HGMMA ", ".2D", "HGMMA..F32", ""])
+def test_build_sass_expect_rejects_what_is_not_an_opcode(kernels, opcode):
+    meta = good_meta("alpha")
+    meta["build"] = {"sass_expect": ["HGMMA", opcode]}
+    message = load_error(make_variant(kernels, "alpha", meta))
+    assert message.startswith("kernels/alpha/variant.yaml: key 'build.sass_expect[1]': ")
+    assert "must match" in message
+
+
+def test_build_sass_expect_must_be_a_list(kernels):
+    meta = good_meta("alpha")
+    meta["build"] = {"sass_expect": "HGMMA"}
+    assert load_error(make_variant(kernels, "alpha", meta)) == (
+        "kernels/alpha/variant.yaml: key 'build.sass_expect': 'HGMMA' is not valid (expected array)")

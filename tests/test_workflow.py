@@ -161,7 +161,8 @@ def test_missing_nvcc_is_one_line_naming_the_tool(tmp_path):
     root = copy_tree(tmp_path)
     env = {**CPU_ENV, "PATH": str(Path(sys.executable).parent), "CUDA_HOME": str(tmp_path / "none")}
     proc = subprocess.run([sys.executable, "scripts/build_variant.py", "--variant", "v1_scalar",
-                           "--compute-capability", "9.0", "--verdict", "out/v.json", "--resources",
+                           "--compute-capability", "9.0", "--config-json", '{"build": {}}',
+                           "--verdict", "out/v.json", "--resources",
                            "out/r.json", "--compiler-log", "out/c.log"], cwd=root, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1

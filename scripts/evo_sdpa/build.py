@@ -2,14 +2,22 @@
 a compile-by-launch for Triton variants on a GPU (resources from the compiled kernel)."""
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 import subprocess
+import sys
+import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
+from . import nvcc as nvcc_lib
+from . import sass as sass_lib
 from .device import NO_DEVICE_REASON, cuda_available, require_tool
-from .variants import KERNELS_DIR, SHARED_DIR, Variant
+from .errors import StageError
+from .variants import KERNELS_DIR, REPO, SHARED_DIR, Variant
 
 NVCC_TIMEOUT_S = 600
 
@@ -26,30 +34,159 @@ def below_min_cc(variant: Variant, cc: str) -> str | None:
     return None
 
 
-def build_cuda(variant: Variant, cc: str, outdir: Path) -> tuple[dict, list[dict], str]:
-    """Compile with nvcc; return (verdict, per-kernel resources, full compiler log)."""
-    from . import nvcc as nvcc_lib
+# --- header libraries a variant may require (build.requires) -------------------------------
 
+CUTLASS_PACKAGE = "nvidia-cutlass==4.2.0.0"   # the pin of envs/requirements.txt
+CUTLASS_MODULE = "cutlass_library"             # its importable package; the headers lie under it
+CUTLASS_PROBE = Path("cute") / "tensor.hpp"
+CUTLASS_FIX = (f"pip install {CUTLASS_PACKAGE} (headers only; --no-deps is enough) "
+               "or set build.cutlass_include")
+
+
+def installed_cutlass_include() -> Path | None:
+    """<site-packages>/cutlass_library/source/include of the installed nvidia-cutlass, found
+    without importing the package (its import pulls in heavy dependencies)."""
+    spec = importlib.util.find_spec(CUTLASS_MODULE)
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        package_dir = Path(next(iter(spec.submodule_search_locations)))
+    elif spec.origin:
+        package_dir = Path(spec.origin).parent
+    else:
+        return None
+    return package_dir / "source" / "include"
+
+
+def cutlass_include_dir(configured: str | None, installed: Path | None) -> Path:
+    """The folder holding cute/ and cutlass/: config key build.cutlass_include when set (relative
+    to the repository root), else the installed package's; one line naming the fix when neither
+    holds cute/tensor.hpp."""
+    if configured:
+        path = Path(configured)
+        path = path if path.is_absolute() else REPO / path
+        if not (path / CUTLASS_PROBE).is_file():
+            raise StageError(f"config: key 'build.cutlass_include': {configured!r} holds no {CUTLASS_PROBE} "
+                             "(point it at the folder holding cute/ and cutlass/)")
+        return path
+    if installed is None:
+        raise StageError(f"CUTLASS headers not found (no {CUTLASS_MODULE} package in {sys.executable}'s "
+                         f"environment): {CUTLASS_FIX}")
+    if not (installed / CUTLASS_PROBE).is_file():
+        raise StageError(f"CUTLASS headers not found ({installed / CUTLASS_PROBE} missing): {CUTLASS_FIX}")
+    return installed
+
+
+def required_include_dirs(requires: list[str], cutlass_include: str | None) -> list[Path]:
+    """Include folders of the header libraries a variant lists under build.requires."""
+    dirs = []
+    if "cutlass" in requires:
+        dirs.append(cutlass_include_dir(cutlass_include, installed_cutlass_include()))
+    return dirs
+
+
+# --- running nvcc -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Step:
+    """One compiler run: a translation unit's compile, the link, or the whole single-command build."""
+    command: list[str]
+    returncode: int
+    output: str          # stdout then stderr
+    seconds: float
+
+    @property
+    def log(self) -> str:
+        return f"$ {' '.join(self.command)}\n{self.output}"
+
+
+def run_step(argv: list[str]) -> Step:
+    started = time.perf_counter()
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
+    return Step(argv, proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - started)
+
+
+def run_parallel(commands: list[list[str]]) -> list[Step]:
+    """Every command at once (up to one per core); the steps come back in the commands' order."""
+    workers = max(1, min(len(commands), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        return list(pool.map(run_step, commands))
+
+
+def compile_and_link(nvcc: str, sources: list[str], artifact: Path, gencode: str, flags: list[str],
+                     include_dirs: list[str], workdir: Path) -> tuple[list[Step], Step | None]:
+    """Each source to an object in parallel, then one link; no link when a unit failed."""
+    objects = [str(workdir / f"{index:02d}_{Path(source).stem}.o") for index, source in enumerate(sources)]
+    units = run_parallel([nvcc_lib.object_command(nvcc, source, obj, gencode, flags, include_dirs)
+                          for source, obj in zip(sources, objects)])
+    if any(unit.returncode != 0 for unit in units):
+        return units, None
+    return units, run_step(nvcc_lib.link_command(nvcc, objects, str(artifact), gencode, flags))
+
+
+def run_nvcc(nvcc: str, sources: list[str], artifact: Path, gencode: str, flags: list[str],
+             include_dirs: list[str]) -> tuple[list[Step], Step | None]:
+    """(one step per translation unit, the link step or None). One .cu file builds in one
+    command; several compile in parallel to objects in a scratch folder beside the artifact."""
+    if len(sources) == 1:
+        return [run_step(nvcc_lib.compile_command(nvcc, sources, str(artifact), gencode, flags, include_dirs))], None
+    with tempfile.TemporaryDirectory(dir=artifact.parent, prefix=".objects-") as workdir:
+        return compile_and_link(nvcc, sources, artifact, gencode, flags, include_dirs, Path(workdir))
+
+
+def step_record(step: Step) -> dict:
+    return {"seconds": round(step.seconds, 2), "returncode": step.returncode, "command": step.command}
+
+
+def build_cuda(variant: Variant, cc: str, outdir: Path,
+               cutlass_include: str | None = None) -> tuple[dict, list[dict], str]:
+    """Compile with nvcc; return (verdict, per-kernel resources, full compiler log).
+
+    `cutlass_include` is config key build.cutlass_include (used when the variant requires
+    cutlass). With build.sass_expect, the built library's SASS must hold each listed opcode."""
+    build = variant.meta["build"]
     nvcc = require_tool("nvcc")
+    include_dirs = [str(KERNELS_DIR / SHARED_DIR), str(variant.folder)] + \
+        [str(path) for path in required_include_dirs(build["requires"], cutlass_include)]
+    sass_tools = sass_lib.find_sass_tools() if build["sass_expect"] else None
     gencode = nvcc_lib.arch_gencode(cc)
     artifact = outdir / f"lib{variant.name}.so"
     cu_sources = [str(p) for p in variant.sources if p.suffix == ".cu"]
-    argv = nvcc_lib.compile_command(nvcc, cu_sources, str(artifact), gencode,
-                                    list(variant.meta["build"]["nvcc_flags"]),
-                                    [str(KERNELS_DIR / SHARED_DIR), str(variant.folder)])
     started = time.perf_counter()
-    proc = subprocess.run(argv, capture_output=True, text=True, timeout=NVCC_TIMEOUT_S)
+    units, link = run_nvcc(nvcc, cu_sources, artifact, gencode, list(build["nvcc_flags"]), include_dirs)
     seconds = time.perf_counter() - started
-    log_text = f"$ {' '.join(argv)}\n{proc.stdout}{proc.stderr}"
-    resources = nvcc_lib.parse_ptxas_resources(proc.stdout + proc.stderr)
-    build = variant.meta["build"]
-    verdict = nvcc_lib.build_verdict(proc.returncode, proc.stdout + proc.stderr, resources,
-                                     build["allow_warnings"], build["allow_spills"])
-    if proc.returncode != 0 and artifact.exists():
+    steps = units + ([link] if link else [])
+    returncode = next((step.returncode for step in steps if step.returncode != 0), 0)
+    output = "".join(step.output for step in steps)
+    resources = nvcc_lib.parse_ptxas_resources(output)
+    verdict = nvcc_lib.build_verdict(returncode, output, resources, build["allow_warnings"], build["allow_spills"])
+    if returncode != 0 and artifact.exists():
         artifact.unlink()
-    verdict.update(artifact=str(artifact) if proc.returncode == 0 else None, arch=gencode,
-                   compile_seconds=round(seconds, 2), command=argv)
+    verdict.update(artifact=str(artifact) if returncode == 0 else None, arch=gencode,
+                   compile_seconds=round(seconds, 2),
+                   command=link.command if link else (units[0].command if len(units) == 1 else None),
+                   units=[{"source": source, **step_record(unit)} for source, unit in zip(cu_sources, units)],
+                   link=step_record(link) if link else None, sass=None, sass_dump=None)
+    log_text = "".join(step.log for step in steps)
+    if sass_tools is not None and returncode == 0:
+        log_text += check_sass(verdict, sass_tools, artifact, build["sass_expect"])
     return verdict, resources, log_text
+
+
+def check_sass(verdict: dict, tools: sass_lib.SassTools, artifact: Path, expected: list[str]) -> str:
+    """Count the expected opcodes in the library's SASS (the dump is written beside it) and fail
+    the verdict on any absent one; returns the lines it adds to the compiler log."""
+    argv, listing = sass_lib.dump_sass(tools, artifact)
+    dump = artifact.with_suffix(".sass")
+    dump.write_text(listing)
+    counts = sass_lib.count_opcodes(listing, expected)
+    verdict["sass"] = counts
+    verdict["sass_dump"] = str(dump)
+    verdict["reasons"].extend(sass_lib.missing_opcode_reasons(counts))
+    verdict["status"] = "fail" if verdict["reasons"] else "pass"
+    summary = ", ".join(f"{opcode} {count}" for opcode, count in counts.items())
+    return f"$ {' '.join(argv)} > {dump}\nSASS opcodes expected by build.sass_expect: {summary}\n"
 
 
 def build_triton(variant: Variant, allow_spills: bool) -> tuple[dict, list[dict], str]:

@@ -25,13 +25,16 @@ from collections.abc import Callable, Iterable
 # Flags the build always passes: a shared library for ctypes, the per-kernel resource report,
 # and ptxas warnings for spills and local memory (valid ptxas options in nvcc 13.0), so a spill
 # in a non-inlined callee, which no kernel's own counts show, still reaches the log.
-ALWAYS_FLAGS: tuple[str, ...] = (
-    "-shared",
-    "-Xcompiler", "-fPIC",
+PIC_FLAGS: tuple[str, ...] = ("-Xcompiler", "-fPIC")
+PTXAS_FLAGS: tuple[str, ...] = (
     "-Xptxas", "-v",
     "-Xptxas", "-warn-spills",
     "-Xptxas", "-warn-lmem-usage",
 )
+ALWAYS_FLAGS: tuple[str, ...] = ("-shared", *PIC_FLAGS, *PTXAS_FLAGS)
+# A variant with several .cu files compiles each to an object (same flags, no relocatable device
+# code: each object keeps its own kernels), then links them into the library in one step.
+OBJECT_FLAGS: tuple[str, ...] = ("-c", *PIC_FLAGS, *PTXAS_FLAGS)
 
 # From Hopper on, each architecture has an arch-specific target ("a") that unlocks its own
 # instructions (wgmma and setmaxnreg on sm_90a, tcgen05 on sm_100a); code built for it runs only
@@ -70,6 +73,28 @@ def compile_command(
         raise ValueError("compile_command needs at least one source file")
     include_flags = [f"-I{directory}" for directory in include_dirs]
     return [nvcc, *flags, *ALWAYS_FLAGS, gencode, *include_flags, *sources, "-o", out_path]
+
+
+def object_command(
+    nvcc: str,
+    source: str,
+    out_path: str,
+    gencode: str,
+    flags: list[str],
+    include_dirs: list[str],
+) -> list[str]:
+    """The argv that compiles one translation unit `source` to the object `out_path`."""
+    include_flags = [f"-I{directory}" for directory in include_dirs]
+    return [nvcc, *flags, *OBJECT_FLAGS, gencode, *include_flags, source, "-o", out_path]
+
+
+def link_command(nvcc: str, objects: list[str], out_path: str, gencode: str, flags: list[str]) -> list[str]:
+    """The argv that links objects into the shared library `out_path`. The variant's flags come
+    along, so a library flag among them (-lcuda, -L...) reaches the link; the compile-only ones
+    are ignored there."""
+    if not objects:
+        raise ValueError("link_command needs at least one object file")
+    return [nvcc, *flags, "-shared", *PIC_FLAGS, gencode, *objects, "-o", out_path]
 
 
 def run_compile(command: list[str], cwd: str | None = None) -> tuple[int, str]:
@@ -183,6 +208,7 @@ _ERROR_LINES = (
     re.compile(r"^\S.*:\d+:(\d+:)? (fatal )?error:"),  # host compiler: file.cpp:12:5: error: ...
     re.compile(r"^(nvcc|ptxas|nvlink|fatbinary|cicc|cudafe\+\+)\s+(error|fatal)\s*:"),  # CUDA tools
     re.compile(r"^[^\s:]+: (fatal )?error:"),  # drivers: collect2: error: ..., cc1plus: error: ...
+    re.compile(r"^\S*\bld(\.\w+)?: (cannot find |.*undefined reference to )"),  # /usr/bin/ld: cannot find -lcuda
 )
 
 _WARNING_LINES = (

@@ -18,5 +18,5 @@ rule build_variant:
         gpu=build_gpu_slots,
     shell:
         "python3 {input.script} --variant {wildcards.variant} --compute-capability {params.cc}"
-        " --verdict {output.verdict} --resources {output.resources}"
+        " --config-json {params.cfg:q} --verdict {output.verdict} --resources {output.resources}"
         " --compiler-log {output.compiler_log} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
