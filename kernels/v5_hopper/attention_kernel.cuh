@@ -1,0 +1,265 @@
+// The v5_hopper forward kernel: a CTA of one producer and two or three consumer warp groups
+// computes 128- (or 192-) row query tiles.
+//
+//   warp group 0 (producer, 24 registers): one thread issues TMA loads: Q once, then K and V
+//     tile by tile into two rings of kStages stages, each stage completing on an mbarrier.
+//   warp groups 1, 2 (consumers, 240 registers): 64 query rows each. Per key tile n:
+//     S = Q K_n^T (wgmma, both operands in shared memory), mask, online softmax,
+//     O += P V_n (wgmma, P from registers). The product of tile n is issued together with the
+//     P V of tile n+1's predecessor, so P V runs under the softmax; with ping-pong the two
+//     warp groups take turns issuing, so one's softmax runs under the other's products.
+//
+// Key tiles are visited from the last (the masked ones) down to the first. With a persistent
+// grid a CTA runs several query tiles: the rings' states, the barriers and the issue rotation
+// carry over, and the producer loads the next tile's first K tile (and, once the consumers have
+// released Q, its Q) while the consumers finish the current one.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "epilogue.cuh"
+#include "fragment_views.cuh"
+#include "kernel_traits.cuh"
+#include "mask.cuh"
+#include "online_softmax.cuh"
+#include "tile_scheduler.cuh"
+#include "tunables.cuh"
+#include "warpgroup_gemm.cuh"
+
+namespace v5_hopper {
+
+using namespace cute;
+
+// Consumer warp groups issue their matrix products in turn (0, 1, [2,] 0, ...), so one group's
+// softmax runs while another's products occupy the tensor cores. Named barrier g (past CUTLASS's
+// reserved ids) means "group g may issue": group g syncs on it, its predecessor arrives on it.
+template <int kGroups>
+struct IssueTurn {
+    static constexpr uint32_t kThreads = 2 * cutlass::NumThreadsPerWarpGroup;
+    int group;
+
+    __device__ void wait() const {
+        if constexpr (V5_HOPPER_PINGPONG) cutlass::arch::NamedBarrier::sync(kThreads, group);
+    }
+    __device__ void pass() const {
+        if constexpr (V5_HOPPER_PINGPONG) cutlass::arch::NamedBarrier::arrive(kThreads, (group + 1) % kGroups);
+    }
+    // Each group issues (tiles + 1) times and must be let through as often: group 0 by the last
+    // group's opening pass, which that group makes up for by not passing after its own last issue.
+    __device__ bool is_last() const { return group == kGroups - 1; }
+};
+
+template <class Traits, bool kCausal>
+__device__ void produce(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
+                        typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v) {
+    using BarrierQ = cutlass::arch::ClusterTransactionBarrier;
+    using BarrierQEmpty = cutlass::arch::ClusterBarrier;
+    const int S = params.seq_len;
+    const auto shape_qk = make_shape(S, int(Traits::kHeadDim), params.heads, params.batch);
+    const auto shape_vt = make_shape(int(Traits::kHeadDim), S, params.heads, params.batch);
+    Tensor mQ = params.tma_q.get_tma_tensor(shape_qk);
+    Tensor mK = params.tma_k.get_tma_tensor(shape_qk);
+    Tensor mVt = params.tma_v.get_tma_tensor(shape_vt);
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
+
+    const TileScheduler<Traits::kBlockM, kCausal, typename Traits::Params> scheduler{params};
+    auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+    int tile_count = 0;
+    for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
+        const TileCoord tile = scheduler.coord(t);
+        Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), select<0, 2>(typename Traits::TileShapeQK{}),
+                               make_coord(tile.m_block, _0{}));
+        Tensor gK = local_tile(mK(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapeQK{}),
+                               make_coord(_, _0{}));   // (N, D, key tiles)
+        Tensor gVt = local_tile(mVt(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapePV{}),
+                                make_coord(_0{}, _));  // (D, N, key tiles)
+        auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+        auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+        auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
+
+        const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
+        int n = keys.end() - 1;
+        // The first K tile does not need Q's buffer: issue it before waiting for the consumers to
+        // release Q (they do after their last Q K^T of the previous query tile).
+        pipeline_k.producer_acquire(write);
+        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
+        if (tile_count > 0) BarrierQEmpty::wait(&shared.barrier_q_empty, (tile_count - 1) & 1);
+        BarrierQ::arrive_and_expect_tx(&shared.barrier_q, Traits::kTmaBytesQ);
+        copy(params.tma_q.with(shared.barrier_q), tQg, tQs);
+        pipeline_v.producer_acquire(write);
+        copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
+        ++write;
+        for (--n; n >= 0; --n) {
+            pipeline_k.producer_acquire(write);
+            copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
+            pipeline_v.producer_acquire(write);
+            copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
+            ++write;
+        }
+    }
+    // Do not leave while a consumer may still wait on a stage this thread filled.
+    pipeline_k.producer_tail(write);
+    pipeline_v.producer_tail(write);
+}
+
+template <class Traits, bool kCausal>
+__device__ void consume(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
+                        typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
+                        int consumer_thread) {
+    using Element = typename Traits::Element;
+    using BarrierQ = cutlass::arch::ClusterTransactionBarrier;
+    using BarrierQEmpty = cutlass::arch::ClusterBarrier;
+    typename Traits::TiledMmaQK mma_qk;
+    typename Traits::TiledMmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(consumer_thread);
+    auto thr_pv = mma_pv.get_thread_slice(consumer_thread);
+
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);     // wgmma descriptors
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);     // (MMA, MMA_N, MMA_K, stages)
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);    // (MMA, MMA_N, MMA_K, stages)
+
+    Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));
+    Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
+    Tensor s_rc = rowcol_view(tSrS);
+    Tensor o_rc = rowcol_view(tOrO);
+    Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
+    constexpr int kRows = decltype(size<0>(s_rc))::value;
+    const IssueTurn<Traits::kConsumerWarpGroups> turn{consumer_thread / cutlass::NumThreadsPerWarpGroup};
+
+    const TileScheduler<Traits::kBlockM, kCausal, typename Traits::Params> scheduler{params};
+    typename Traits::PipelineState read_k;   // K and V stages advance together
+    int tile_count = 0;
+    for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
+        const TileCoord tile = scheduler.coord(t);
+        const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
+        OnlineSoftmax<kRows> softmax(params.scale_log2);
+        float o_scale[kRows];
+        clear(tOrO);   // the first P V accumulates onto zeros
+        if (turn.is_last()) turn.pass();   // group 0 issues first
+        BarrierQ::wait(&shared.barrier_q, tile_count & 1);
+
+        int n = keys.end() - 1;
+        // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
+        pipeline_k.consumer_wait(read_k);
+        turn.wait();
+        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        turn.pass();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        pipeline_k.consumer_release(read_k);
+        if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+        softmax.template update<true>(s_rc, o_scale);
+        Tensor tOrP = convert_to_a_operand<Element>(tSrS);
+        auto read_v = read_k;
+        ++read_k;
+
+        for (--n; n >= 0; --n) {
+            pipeline_k.consumer_wait(read_k);
+            pipeline_v.consumer_wait(read_v);
+            turn.wait();
+            warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+            warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+            turn.pass();
+            warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
+            warpgroup_fence_operand(tSrS);
+            pipeline_k.consumer_release(read_k);
+            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+            softmax.template update<false>(s_rc, o_scale);
+            warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
+            warpgroup_fence_operand(tOrO);
+            pipeline_v.consumer_release(read_v);
+            scale_rows(o_rc, o_scale);
+            tOrP = convert_to_a_operand<Element>(tSrS);
+            read_v = read_k;
+            ++read_k;
+        }
+        // Every Q K^T of this query tile has completed: the producer may load the next Q.
+        BarrierQEmpty::arrive(&shared.barrier_q_empty);
+
+        // Last P V.
+        pipeline_v.consumer_wait(read_v);
+        turn.wait();
+        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        if (!turn.is_last()) turn.pass();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        pipeline_v.consumer_release(read_v);
+
+        float inv_sum[kRows];
+        softmax.inverse_sums(inv_sum);
+        scale_rows(o_rc, inv_sum);
+        Tensor coord_o = rowcol_view(thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{}))));
+        const int64_t head_offset =
+            (int64_t(tile.batch) * params.heads + tile.head) * params.seq_len * Traits::kHeadDim;
+        store_rows<Traits::kHeadDim>(o_rc, coord_o, params.o + head_offset, tile.m_block * Traits::kBlockM,
+                                     params.seq_len);
+    }
+}
+
+// The K or V ring's parameters for one role: the producer thread is the leader that posts each
+// stage's expected TMA bytes; every consumer thread releases stages (arrival count = consumers).
+template <class Traits>
+__device__ typename Traits::Pipeline::Params pipeline_params(bool producer, bool leader, uint32_t stage_bytes) {
+    typename Traits::Pipeline::Params p;
+    p.role = producer ? Traits::Pipeline::ThreadCategory::Producer : Traits::Pipeline::ThreadCategory::Consumer;
+    p.is_leader = leader;
+    p.num_consumers = Traits::kConsumerThreads;
+    p.transaction_bytes = stage_bytes;
+    return p;
+}
+
+template <class Traits, bool kCausal>
+__global__ void __launch_bounds__(Traits::kThreads, 1)
+v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    auto& shared = *reinterpret_cast<typename Traits::SharedStorage*>(smem);
+    using Pipeline = typename Traits::Pipeline;
+
+    const int warp_group = __shfl_sync(0xffffffff, threadIdx.x / cutlass::NumThreadsPerWarpGroup, 0);
+
+    if (threadIdx.x == 0) {
+        prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+        prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+        prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+        cutlass::arch::ClusterTransactionBarrier::init(&shared.barrier_q, 1);
+        cutlass::arch::ClusterBarrier::init(&shared.barrier_q_empty, Traits::kConsumerThreads);
+    }
+    // Barriers first, pipeline objects later: built after setmaxnreg, inside each role's branch,
+    // nothing but the kernel parameters stays live across the register reallocation (values that
+    // did were spilled to local memory around it).
+    if (warp_group == 0) {
+        Pipeline::init_barriers(shared.pipeline_k, pipeline_params<Traits>(true, false, Traits::kTmaBytesK), Shape<_1, _1, _1>{});
+        Pipeline::init_barriers(shared.pipeline_v, pipeline_params<Traits>(true, false, Traits::kTmaBytesV), Shape<_1, _1, _1>{});
+    }
+    __syncthreads();   // every barrier initialised before anyone arrives on or waits for one
+
+    if (warp_group == 0) {
+        cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+        const int warp_in_group = __shfl_sync(0xffffffff, (threadIdx.x / 32) % 4, 0);
+        if (warp_in_group == 0 && cute::elect_one_sync()) {
+            Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
+                                Shape<_1, _1, _1>{}, cute::false_type{});
+            Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(true, true, Traits::kTmaBytesV),
+                                Shape<_1, _1, _1>{}, cute::false_type{});
+            produce<Traits, kCausal>(params, shared, pipeline_k, pipeline_v);
+        }
+    } else {
+        cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+        Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(false, false, Traits::kTmaBytesK),
+                            Shape<_1, _1, _1>{}, cute::false_type{});
+        Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(false, false, Traits::kTmaBytesV),
+                            Shape<_1, _1, _1>{}, cute::false_type{});
+        consume<Traits, kCausal>(params, shared, pipeline_k, pipeline_v,
+                                 int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup);
+    }
+}
+
+}  // namespace v5_hopper

@@ -1,0 +1,58 @@
+// Views of a warp group's wgmma accumulator: as rows and columns (for the softmax, the mask and
+// the epilogue), and as the register A operand of the next wgmma (P in P V).
+//
+// A warp group's m64nNk16 accumulator gives each thread the layout ((2, 2, N/8), MMA_M, MMA_N):
+// lane l holds columns 8j + 2(l%4) + {0,1} of rows l/4 and l/4 + 8 (16 rows per warp).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
+
+namespace v5_hopper {
+
+using namespace cute;
+
+// ((2, 2, N/8), MMA_M, MMA_N) -> (rows (2, MMA_M), cols (2, N/8, MMA_N)).
+template <class Layout>
+__device__ constexpr auto rowcol_layout(Layout acc) {
+    return make_layout(make_layout(get<0, 1>(acc), get<1>(acc)),
+                       make_layout(get<0, 0>(acc), get<0, 2>(acc), get<2>(acc)));
+}
+
+template <class Tensor>
+__device__ auto rowcol_view(Tensor&& t) {
+    return make_tensor(t.data(), rowcol_layout(t.layout()));
+}
+
+// The register A operand of a 16-bit m64k16 wgmma wants, per k16 slice, the two n8 column
+// blocks of the accumulator one after the other: ((2, 2, N/8), MMA_M, MMA_N) ->
+// ((2, 2, 2), MMA_M, (N/16, MMA_N)). The storage order is unchanged, so converting element i
+// of the accumulator to element i of P is the whole conversion.
+template <class Layout>
+__device__ constexpr auto a_operand_layout(Layout acc) {
+    auto n8_pairs = logical_divide(get<0, 2>(acc), Tile<_2>{});   // (2, N/16)
+    return make_layout(make_layout(get<0, 0>(acc), get<0, 1>(acc), get<0, 0>(n8_pairs)),
+                       get<1>(acc),
+                       coalesce(make_layout(get<0, 1>(n8_pairs), get<2>(acc))));
+}
+
+// Converts an fp32 accumulator to the 16-bit A operand, two elements per conversion
+// (one cvt.rn.{f16x2,bf16x2}.f32 each).
+template <class Element, class Accumulator>
+__device__ auto convert_to_a_operand(Accumulator const& acc) {
+    Tensor p = make_tensor<Element>(a_operand_layout(acc.layout()));
+    static_assert(decltype(size(acc))::value % 2 == 0);
+    cutlass::NumericArrayConverter<Element, float, 2> convert;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+        cutlass::Array<float, 2> pair;
+        pair[0] = acc.data()[i];
+        pair[1] = acc.data()[i + 1];
+        cutlass::Array<Element, 2> packed = convert(pair);
+        p.data()[i] = packed[0];
+        p.data()[i + 1] = packed[1];
+    }
+    return p;
+}
+
+}  // namespace v5_hopper

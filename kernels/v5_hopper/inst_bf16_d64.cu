@@ -1,0 +1,4 @@
+// bf16, head dim 64: one instantiation per translation unit, compiled in parallel.
+#include "launch.cuh"
+
+V5_HOPPER_INSTANTIATE(cutlass::bfloat16_t, 64)

@@ -1,0 +1,50 @@
+// v5_hopper: the C ABI (kernels/common/evo_sdpa_abi.h) over the per-(dtype, head dim)
+// instantiations in inst_*.cu. The kernel itself is attention_kernel.cuh.
+#include <cuda_runtime.h>
+#include <cutlass/numeric_types.h>
+
+#include "evo_sdpa_abi.h"
+
+namespace v5_hopper {
+
+template <class Element, int kHeadDim>
+int launch(void const* q, void const* k, void const* v, void* o, int batch, int heads, int seq_len,
+           bool causal, float scale, cudaStream_t stream);
+
+template <class Element>
+int dispatch_head_dim(void const* q, void const* k, void const* v, void* o, int B, int H, int S, int D,
+                      bool causal, float scale, cudaStream_t stream) {
+    switch (D) {
+        case 64: return launch<Element, 64>(q, k, v, o, B, H, S, causal, scale, stream);
+        case 128: return launch<Element, 128>(q, k, v, o, B, H, S, causal, scale, stream);
+        default: return EVO_SDPA_ERR_UNSUPPORTED;
+    }
+}
+
+}  // namespace v5_hopper
+
+extern "C" int evo_sdpa_abi_version(void) { return EVO_SDPA_ABI_VERSION; }
+
+extern "C" int evo_sdpa_forward(void const* q, void const* k, void const* v, void* o, int B, int H, int S, int D,
+                                int causal, float scale, int dtype, void* stream) {
+    if (B < 1 || H < 1 || S < 1) return EVO_SDPA_ERR_UNSUPPORTED;
+    const auto cuda_stream = static_cast<cudaStream_t>(stream);
+    switch (dtype) {
+        case EVO_SDPA_FP16:
+            return v5_hopper::dispatch_head_dim<cutlass::half_t>(q, k, v, o, B, H, S, D, causal != 0, scale, cuda_stream);
+        case EVO_SDPA_BF16:
+            return v5_hopper::dispatch_head_dim<cutlass::bfloat16_t>(q, k, v, o, B, H, S, D, causal != 0, scale,
+                                                                     cuda_stream);
+        default:
+            return EVO_SDPA_ERR_UNSUPPORTED;
+    }
+}
+
+extern "C" const char* evo_sdpa_error_string(int code) {
+    if (code == 0) return "success";
+    if (code == EVO_SDPA_ERR_UNSUPPORTED) {
+        return "unsupported configuration (v5_hopper: sm_90a, fp16/bf16, D in {64,128}, B,H,S >= 1, "
+               "scale > 0, q/k/v/o 16-byte aligned)";
+    }
+    return cudaGetErrorString(static_cast<cudaError_t>(code));
+}

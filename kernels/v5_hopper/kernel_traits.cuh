@@ -1,0 +1,121 @@
+// The traits of one v5_hopper instantiation: tile shape, warp-group roles, the shared-memory
+// layouts the tensor cores and the copy engine agree on, the two matrix products and the three
+// TMA copies. One template serves both head dims and both 16-bit types.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "tunables.cuh"
+
+namespace v5_hopper {
+
+using namespace cute;
+
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+struct KernelTraits {
+    using Element = Element_;
+    using ElementAccum = float;
+
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;          // query rows per CTA: 64 per consumer warp group
+    static constexpr int kBlockN = kBlockN_;          // keys per pipeline stage
+    static constexpr int kStages = kStages_;
+    static constexpr int kConsumerWarpGroups = kBlockM / 64;
+    static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
+    static constexpr int kThreads = kConsumerThreads + cutlass::NumThreadsPerWarpGroup;  // + the producer
+    // setmaxnreg budgets: the producer only issues copies; the consumers hold S, P and O. The
+    // warp groups can only trade the registers the CTA was launched with (65536 / threads, in
+    // steps of 8): 168 x 384 = 64512 for two consumer groups, 128 x 512 = 65536 for three. Asking
+    // for more than that makes setmaxnreg.inc wait forever (a hang seen on the H100, run 4).
+    static constexpr int kLaunchRegisters = (65536 / kThreads) / 8 * 8;
+    static_assert(kConsumerWarpGroups == 2 || kConsumerWarpGroups == 3, "128 or 192 query rows per CTA");
+    static constexpr int kProducerRegisters = 40;   // 24 and 32 spill once the producer loops over query tiles
+    static constexpr int kConsumerRegisters = kConsumerWarpGroups == 2 ? 232 : 152;
+    static_assert(kProducerRegisters + kConsumerWarpGroups * kConsumerRegisters <=
+                      (kConsumerWarpGroups + 1) * kLaunchRegisters,
+                  "setmaxnreg budgets exceed the registers the CTA is launched with");
+
+    static_assert(kHeadDim % 64 == 0, "head dim: whole 128-byte swizzle atoms");
+    static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "keys per stage: a wgmma N (and P V K) of 16..256");
+
+    using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;   // S = Q K^T: (M, N, K=D)
+    using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;   // O += P V: (M, N=D, K=keys)
+    using AtomLayoutMma = Layout<Shape<Int<kConsumerWarpGroups>, _1, _1>>;   // one 64-row slab per warp group
+
+    // Q K^T: both operands in shared memory, K-major (D contiguous in Q and K).
+    using TiledMmaQK = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, ElementAccum, TileShapeQK>(), AtomLayoutMma{}));
+    // P V: P from registers (the S accumulator converted in place), V^T from shared memory,
+    // MN-major (V is [keys, D] with D contiguous, so V^T's N = D is the contiguous mode).
+    using TiledMmaPV = decltype(make_tiled_mma(
+        GMMA::rs_op_selector<Element, Element, ElementAccum, TileShapePV, GMMA::Major::K, GMMA::Major::MN>(),
+        AtomLayoutMma{}));
+
+    // 128-byte swizzled tiles: the layout wgmma descriptors and TMA boxes both accept, and the
+    // one that keeps wgmma's shared-memory reads free of bank conflicts.
+    using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                               Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+    using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                               Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
+    using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
+                                                Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
+                                                Step<_2, _1, _3>{}));
+
+    // Global tensors as (S, D, H, B) for Q and K and (D, S, H, B) for V^T: four-dimensional
+    // boxes, so a tile past the end of one head's rows is zero-filled, never the next head's.
+    using ShapeQKV = Shape<int32_t, int32_t, int32_t, int32_t>;
+    using StrideQK = Stride<int64_t, _1, int64_t, int64_t>;
+    using StrideVt = Stride<_1, int64_t, int64_t, int64_t>;
+
+    using TmaQ = decltype(make_tma_copy(
+        SM90_TMA_LOAD{},
+        make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
+        SmemLayoutQ{}, select<0, 2>(TileShapeQK{}), _1{}));
+    using TmaK = decltype(make_tma_copy(
+        SM90_TMA_LOAD{},
+        make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
+        take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}));
+    using TmaV = decltype(make_tma_copy(
+        SM90_TMA_LOAD{},
+        make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideVt{}),
+        take<0, 2>(SmemLayoutVt{}), select<1, 2>(TileShapePV{}), _1{}));
+
+    static constexpr uint32_t kTmaBytesQ = sizeof(Element) * size(SmemLayoutQ{});
+    static constexpr uint32_t kTmaBytesK = sizeof(Element) * size(take<0, 2>(SmemLayoutK{}));
+    static constexpr uint32_t kTmaBytesV = sizeof(Element) * size(take<0, 2>(SmemLayoutVt{}));
+
+    using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+    using PipelineState = typename Pipeline::PipelineState;
+
+    struct SharedStorage {
+        // 1024-byte alignment: the period of the 128-byte swizzle pattern.
+        cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+        cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
+        cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
+        typename Pipeline::SharedStorage pipeline_k;
+        typename Pipeline::SharedStorage pipeline_v;
+        cutlass::arch::ClusterTransactionBarrier::ValueType barrier_q;        // Q landed (TMA bytes)
+        cutlass::arch::ClusterBarrier::ValueType barrier_q_empty;             // Q read by every consumer
+    };
+    static constexpr int kSmemBytes = sizeof(SharedStorage);
+    static_assert(kSmemBytes <= 227 * 1024, "an H100 CTA has at most 227 KB of shared memory");
+
+    struct Params {
+        TmaQ tma_q;
+        TmaK tma_k;
+        TmaV tma_v;
+        Element* o;
+        int seq_len;
+        int heads;
+        int batch;
+        float scale_log2;   // softmax scale x log2(e): the softmax runs on exp2
+    };
+};
+
+}  // namespace v5_hopper

@@ -1,0 +1,143 @@
+// Host side: the TMA descriptors of one call, the shared-memory opt-in, the launch.
+// Instantiated once per (dtype, head dim) in its own translation unit (inst_*.cu), so the four
+// heavy CuTe instantiations compile in parallel.
+#pragma once
+
+#include <atomic>
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+#include "attention_kernel.cuh"
+#include "evo_sdpa_abi.h"
+#include "kernel_traits.cuh"
+
+namespace v5_hopper {
+
+constexpr int kUnsupported = EVO_SDPA_ERR_UNSUPPORTED;
+
+template <class Element, int kHeadDim>
+int launch(void const* q, void const* k, void const* v, void* o, int batch, int heads, int seq_len,
+           bool causal, float scale, cudaStream_t stream);
+
+namespace {
+// Devices on which a kernel's shared-memory opt-in is done (bit d: device d < 64). Internal
+// linkage on purpose: a static local of a function template is an STB_GNU_UNIQUE symbol, which
+// the loader binds across every library of one process, so a second build of this variant
+// loaded beside the first (the A/B sweep, an evolution run) skipped its own opt-in and every
+// launch failed with "invalid argument" (seen on the H100, run 2 of NOTES.md).
+template <class Traits, bool kCausal>
+std::atomic<uint64_t> configured_devices{0};
+}  // namespace
+
+namespace detail {
+
+inline bool aligned16(void const* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+template <class Traits, bool kCausal>
+cudaError_t configure_once() {
+    int device = 0;
+    cudaError_t status = cudaGetDevice(&device);
+    if (status != cudaSuccess) return status;
+    const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
+    auto& configured = configured_devices<Traits, kCausal>;
+    if (bit != 0 && (configured.load(std::memory_order_acquire) & bit)) return cudaSuccess;
+    status = cudaFuncSetAttribute(v5_hopper_attention_fwd<Traits, kCausal>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+    if (status == cudaSuccess) configured.fetch_or(bit, std::memory_order_release);
+    return status;
+}
+
+template <class Traits, class Element>
+typename Traits::Params make_params(Element const* q, Element const* k, Element const* v, void* o, int batch,
+                                    int heads, int seq_len, float scale) {
+    const int64_t row = Traits::kHeadDim, head = int64_t(seq_len) * Traits::kHeadDim, batch_stride = head * heads;
+    const auto shape_qk = make_shape(seq_len, int(Traits::kHeadDim), heads, batch);
+    const auto stride_qk = make_stride(row, _1{}, head, batch_stride);
+    const auto shape_vt = make_shape(int(Traits::kHeadDim), seq_len, heads, batch);
+    const auto stride_vt = make_stride(_1{}, row, head, batch_stride);
+    return {
+        make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(q), shape_qk, stride_qk),
+                      typename Traits::SmemLayoutQ{}, select<0, 2>(typename Traits::TileShapeQK{}), _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(k), shape_qk, stride_qk),
+                      take<0, 2>(typename Traits::SmemLayoutK{}), select<1, 2>(typename Traits::TileShapeQK{}), _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(v), shape_vt, stride_vt),
+                      take<0, 2>(typename Traits::SmemLayoutVt{}), select<1, 2>(typename Traits::TileShapePV{}), _1{}),
+        static_cast<Element*>(o),
+        seq_len,
+        heads,
+        batch,
+        scale * float(M_LOG2E),
+    };
+}
+
+// SMs of the current device, read once per device (0 if it cannot be read).
+inline int sm_count() {
+    static std::atomic<int> cached[64] = {};
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return 0;
+    if (device < 64) {
+        const int known = cached[device].load(std::memory_order_relaxed);
+        if (known > 0) return known;
+    }
+    int count = 0;
+    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
+    if (device < 64) cached[device].store(count, std::memory_order_relaxed);
+    return count;
+}
+
+template <class Traits, bool kCausal>
+int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
+    const cudaError_t configured = configure_once<Traits, kCausal>();
+    if (configured != cudaSuccess) return int(configured);
+    const int64_t m_blocks = (params.seq_len + Traits::kBlockM - 1) / Traits::kBlockM;
+    const int64_t tiles = m_blocks * params.heads * params.batch;
+    if (tiles > INT_MAX) return kUnsupported;
+    // Persistent grid: one CTA per SM (shared memory and registers allow no second one) walks the
+    // tiles, with no per-tile prologue and the short causal tiles packed behind the long ones.
+    // Below a few waves of tiles the hardware's own block scheduling balances better than the
+    // static round-robin (NOTES.md, run 6: 1,8,4096,128 causal, 1.9 waves).
+    const int64_t sms = sm_count();
+    const bool persistent = sms > 0 && (V5_HOPPER_PERSISTENT == 1 ||
+                                        (V5_HOPPER_PERSISTENT == 2 && tiles >= V5_HOPPER_PERSISTENT_MIN_WAVES * sms));
+    const int64_t ctas = persistent ? std::min(tiles, sms) : tiles;
+    v5_hopper_attention_fwd<Traits, kCausal><<<unsigned(ctas), Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
+    return int(cudaGetLastError());
+}
+
+}  // namespace detail
+
+template <class Element, int kHeadDim>
+int launch(void const* q, void const* k, void const* v, void* o, int batch, int heads, int seq_len,
+           bool causal, float scale, cudaStream_t stream) {
+    // Tile shapes per (head dim, causal): NOTES.md, runs 2-3.
+    constexpr int kBlockMFull = kHeadDim == 64 ? V5_HOPPER_BLOCK_M_D64_FULL : 128;
+    constexpr int kBlockMCausal = kHeadDim == 64 ? V5_HOPPER_BLOCK_M_D64_CAUSAL : 128;
+    constexpr int kBlockNFull = kHeadDim == 128 ? V5_HOPPER_BLOCK_N_D128_FULL : V5_HOPPER_BLOCK_N;
+    constexpr int kStages = kHeadDim == 64 ? V5_HOPPER_STAGES_D64 : V5_HOPPER_STAGES;
+    using CausalTraits = KernelTraits<Element, kHeadDim, kBlockMCausal, V5_HOPPER_BLOCK_N, kStages>;
+    using FullTraits = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, kStages>;
+    // TMA: 16-byte aligned bases (row strides are D x 2 bytes, multiples of 16 by construction).
+    if (!detail::aligned16(q) || !detail::aligned16(k) || !detail::aligned16(v) || !detail::aligned16(o)) {
+        return kUnsupported;
+    }
+    if (!(scale > 0.0f) || !std::isfinite(scale)) return kUnsupported;
+
+    auto const* q_ptr = static_cast<Element const*>(q);
+    auto const* k_ptr = static_cast<Element const*>(k);
+    auto const* v_ptr = static_cast<Element const*>(v);
+    return causal ? detail::launch_traits<CausalTraits, true>(
+                        detail::make_params<CausalTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream)
+                  : detail::launch_traits<FullTraits, false>(
+                        detail::make_params<FullTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
+}
+
+}  // namespace v5_hopper
+
+// One explicit instantiation per translation unit.
+#define V5_HOPPER_INSTANTIATE(ELEMENT, HEAD_DIM)                                                         \
+    template int v5_hopper::launch<ELEMENT, HEAD_DIM>(void const*, void const*, void const*, void*, int, \
+                                                      int, int, bool, float, cudaStream_t);

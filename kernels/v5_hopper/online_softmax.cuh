@@ -1,0 +1,98 @@
+// The online softmax of one consumer thread's rows (2 per thread: a quad of 4 lanes shares each
+// row of a warp group's 64-row slab). Runs in the exp2 domain: scores are scaled by
+// scale * log2(e) inside one FFMA per element.
+#pragma once
+
+#include <cmath>
+
+#include <cute/tensor.hpp>
+
+#include "tunables.cuh"
+
+namespace v5_hopper {
+
+using namespace cute;
+
+__device__ __forceinline__ float exp2_approx(float x) {
+#if V5_HOPPER_FAST_EXP2
+    // One MUFU.EX2: exp2f adds a compare and two multiplies per call to keep subnormal results
+    // (below 2^-126), which a probability this small never needs.
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+#else
+    return exp2f(x);
+#endif
+}
+
+__device__ __forceinline__ float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffff, x, 1);
+    return x + __shfl_xor_sync(0xffffffff, x, 2);
+}
+
+template <int kRows>
+struct OnlineSoftmax {
+    float row_max[kRows];   // running maximum score of each row (unscaled), -inf before any key
+    float row_sum[kRows];   // this thread's share of each row's running sum; the quad adds them at the end
+    float scale_log2;
+
+    __device__ explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+            row_max[r] = -INFINITY;
+            row_sum[r] = 0.f;
+        }
+    }
+
+    // One key tile: (1) the new running maximum of each row, (2) the factor that rescales what was
+    // accumulated against the old maximum (returned in o_scale, for the O rows), (3) the scores
+    // turned in place into unnormalised probabilities exp2((s - max) * scale_log2), added to the sum.
+    template <bool kFirstTile, class ScoresRowCol>
+    __device__ void update(ScoresRowCol& s, float (&o_scale)[kRows]) {
+        static_assert(decltype(size<0>(s))::value == kRows);
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+            float m = row_max[r];
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
+            m = quad_max(m);
+            // A row that has met only masked keys keeps max -inf: offset by 0, so exp2 gives 0, not NaN.
+            const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+            o_scale[r] = kFirstTile ? 1.f : exp2_approx(row_max[r] * scale_log2 - m_scaled);
+            row_max[r] = m;
+            float tile_sum = 0.f;
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < size<1>(s); ++c) {
+                s(r, c) = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
+                tile_sum += s(r, c);
+            }
+            row_sum[r] = kFirstTile ? tile_sum : fmaf(row_sum[r], o_scale[r], tile_sum);
+        }
+    }
+
+    // 1 / (the row's whole sum); 0 for a row that met no key (a padding row past S).
+    __device__ void inverse_sums(float (&inv)[kRows]) const {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+            const float sum = quad_sum(row_sum[r]);
+            inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+        }
+    }
+};
+
+// Multiplies each row of an accumulator (row/column view) by its factor.
+template <int kRows, class AccRowCol>
+__device__ void scale_rows(AccRowCol& acc, float const (&factor)[kRows]) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < size<1>(acc); ++c) acc(r, c) *= factor[r];
+    }
+}
+
+}  // namespace v5_hopper

@@ -1,0 +1,168 @@
+"""A/B sweep of one CUDA variant's compile-time configurations, in one process on one GPU.
+
+Not a pipeline stage: the pipeline gates and measures a variant as its variant.yaml builds it.
+This builds (or loads) several configurations of one variant: extra -D flags over its sources
+built by the build stage's own code, or prebuilt libraries. It runs each through a parity tier
+of the config (the parity stage's own cases and tolerance rule; every failure is listed), then
+times every configuration that passed and SDPA's default backend interleaved in one process
+with the bench stage's timing code. Every ratio comes from one run on one card.
+
+    python3 scripts/ab_sweep.py --variant v5_hopper --out $OUT/sweep.json \\
+        --config default= --config stages3=-DV5_HOPPER_STAGES=3 --suite large --tier quick
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import yaml  # noqa: E402
+
+from evo_sdpa.config import check_config  # noqa: E402
+from evo_sdpa.variants import KERNELS_DIR, REPO, Variant, load_variant  # noqa: E402
+
+BUILD_DIR = Path("/tmp/evo_sdpa_ab_sweep")
+
+
+def with_flags(variant: Variant, flags: list[str], allow_spills: bool = False) -> Variant:
+    build = dict(variant.meta["build"], nvcc_flags=[*variant.meta["build"]["nvcc_flags"], *flags])
+    if allow_spills:
+        build["allow_spills"] = True
+    return dataclasses.replace(variant, meta=dict(variant.meta, build=build))
+
+
+def build_config(variant: Variant, name: str, flags: list[str], cc: str, build_cfg: dict,
+                 allow_spills: bool = False) -> dict:
+    from evo_sdpa.build import build_cuda
+
+    outdir = BUILD_DIR / variant.name / name
+    outdir.mkdir(parents=True, exist_ok=True)
+    verdict, resources, log = build_cuda(with_flags(variant, flags, allow_spills), cc, outdir, build_cfg.get("cutlass_include"))
+    (outdir / "compiler.log").write_text(log)
+    regs = sorted({r["registers"] for r in resources})
+    spills = sum(r["spill_store_bytes"] + r["spill_load_bytes"] for r in resources)
+    return {"name": name, "flags": flags, "verdict": verdict, "registers": regs, "spill_bytes": spills}
+
+
+def parity(forward, variant: Variant, tier: dict, tolerance: dict) -> dict:
+    from evo_sdpa.parity import build_matrix, run_case
+    from evo_sdpa.tolerance import ToleranceRule
+
+    rule = ToleranceRule.from_config(tolerance)
+    records = [run_case(case, forward, rule, "cuda") for case in build_matrix(variant, tier)]
+    failed = [r for r in records if r["status"] != "pass"]
+    return {"cases": len(records), "failed": failed}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--variant", required=True)
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--config", action="append", default=[], help="name=space-separated extra nvcc flags")
+    parser.add_argument("--artifact", action="append", default=[], help="name=path of a prebuilt library")
+    parser.add_argument("--tier", default="quick", help="parity tier of config.yaml ('none' skips parity)")
+    parser.add_argument("--suite", default="large", help="shape suite of config.yaml to time")
+    parser.add_argument("--dtypes", default="fp16,bf16")
+    parser.add_argument("--allow-spills", action="store_true",
+                        help="time configurations that spill (exploration only: the build gate forbids them)")
+    parser.add_argument("--recheck-max-gflop", type=float, default=200.0,
+                        help="after timing a shape, check every configuration's output on it against "
+                             "the float64 reference (the bench stage's re-check), up to this size")
+    parser.add_argument("--budget-s", type=float, default=240.0, help="stop timing new shapes after this")
+    args = parser.parse_args()
+
+    import torch
+
+    from evo_sdpa.bench import recheck
+    from evo_sdpa.cuda_abi import CudaVariant
+    from evo_sdpa.inputs import make_qkv
+    from evo_sdpa.shapes import torch_dtype
+    from evo_sdpa.tolerance import ToleranceRule
+    from evo_sdpa.runners import sdpa_call
+    from evo_sdpa.shapes import Shape
+    from evo_sdpa.stats import tflops
+    from evo_sdpa.timing import time_shape
+
+    started = time.perf_counter()
+    config = check_config(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    variant = load_variant(KERNELS_DIR / args.variant)
+    major, minor = torch.cuda.get_device_capability()
+    cc = f"{major}.{minor}"
+    jobs = [(spec.split("=", 1)[0], spec.split("=", 1)[1].split()) for spec in args.config]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        builds = list(pool.map(lambda job: build_config(variant, job[0], job[1], cc, config["build"],
+                                                         args.allow_spills), jobs))
+    for spec in args.artifact:
+        name, path = spec.split("=", 1)
+        builds.append({"name": name, "flags": [], "verdict": {"status": "pass", "reasons": [], "artifact": path},
+                       "registers": []})
+    report = {"device": torch.cuda.get_device_name(), "variant": variant.name, "builds": builds,
+              "parity": {}, "timings": []}
+
+    forwards = {}
+    for b in builds:
+        verdict = b["verdict"]
+        print(f"{b['name']:>14}: build {verdict['status']} {'; '.join(verdict['reasons'])[:300]} "
+              f"regs {b['registers']} spills {b.get('spill_bytes', 0)} B sass {verdict.get('sass', {})} {verdict.get('compile_seconds', '')}s")
+        if verdict["status"] != "pass":
+            continue
+        forward = CudaVariant(verdict["artifact"])
+        if args.tier != "none":
+            result = parity(forward, variant, config["parity"]["tiers"][args.tier], config["tolerance"])
+            report["parity"][b["name"]] = result
+            print(f"{b['name']:>14}: parity {result['cases'] - len(result['failed'])}/{result['cases']} pass")
+            for r in result["failed"][:12]:
+                print(f"      FAIL {r['id']}: {r.get('reason') or r.get('error') or r.get('max_abs_err')}")
+            if result["failed"]:
+                continue
+        forwards[b["name"]] = forward
+
+    timing = dict(config["timing"], warmup_ms=20, min_samples=15, min_time_ms=60, max_time_ms=700)
+    for dtype in args.dtypes.split(","):
+        for shape_dict in config["shape_suites"][args.suite]:
+            if time.perf_counter() - started > args.budget_s:
+                print("budget spent: stopping")
+                break
+            shape = Shape.from_dict(shape_dict)
+            if not variant.supports(dtype, shape.D, shape.causal) or not forwards:
+                continue
+            scale = 1.0 / math.sqrt(shape.D)
+            factories = {"sdpa": lambda q, k, v: (lambda: sdpa_call(q, k, v, shape.causal, scale))}
+            for name, forward in forwards.items():
+                def make(q, k, v, forward=forward):
+                    out = torch.empty_like(q)
+                    return lambda: forward(q, k, v, out, shape.causal, scale)
+                factories[name] = make
+            for mode, by_name in time_shape(factories, shape, dtype, timing).items():
+                row = {"shape": shape.label, "dtype": dtype, "mode": by_name["sdpa"]["mode"],
+                       "p50_us": {n: r["stats"]["p50_us"] for n, r in by_name.items()},
+                       "p90_us": {n: r["stats"]["p90_us"] for n, r in by_name.items()},
+                       "tflops": {n: tflops(shape.flops, r["stats"]["p50_us"]) for n, r in by_name.items()}}
+                report["timings"].append(row)
+                sdpa_us = row["p50_us"]["sdpa"]
+                cells = "  ".join(f"{n} {us:8.2f} ({sdpa_us / us:4.2f}x, p90 {row['p90_us']['sdpa'] / row['p90_us'][n]:4.2f}x)"
+                                  for n, us in row["p50_us"].items() if n != "sdpa")
+                print(f"{shape.label:>26} {dtype} {row['mode']:>9}: sdpa {sdpa_us:8.2f} us "
+                      f"{row['tflops']['sdpa']:5.0f} TF/s | {cells}")
+            if shape.flops <= args.recheck_max_gflop * 1e9:
+                rule = ToleranceRule.from_config(config["tolerance"])
+                for name, forward in forwards.items():
+                    buffers = (*make_qkv(shape.B, shape.H, shape.S, shape.D, torch_dtype(dtype), "cuda", 0),)
+                    check = recheck(forward, (*buffers, torch.empty_like(buffers[0])), shape, dtype, rule)
+                    report["timings"][-1].setdefault("recheck", {})[name] = check
+                    print(f"{'':>26} recheck {name}: {check['status']} max_abs {check['max_abs']:.3g} "
+                          f"(bound {check['bound']:.3g})")
+    Path(args.out).write_text(json.dumps(report, indent=1, default=str))
+    print(f"sweep done in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

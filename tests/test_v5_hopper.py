@@ -1,0 +1,110 @@
+"""v5_hopper, the CuTe/wgmma/TMA rung. CPU: it builds for sm_90a with nvcc alone, its SASS holds
+the Hopper instructions, nothing spills, and the library exports the C ABI and nothing else.
+GPU (an sm_90 device): parity on ragged lengths, and two builds of it side by side in one process."""
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+
+import pytest
+
+from evo_sdpa.build import build_cuda, installed_cutlass_include
+from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+ABI = {"evo_sdpa_abi_version", "evo_sdpa_forward", "evo_sdpa_error_string"}
+
+
+def v5_variant(extra_flags: tuple[str, ...] = ()):
+    variant = load_variant(KERNELS_DIR / "v5_hopper")
+    build = dict(variant.meta["build"], nvcc_flags=[*variant.meta["build"]["nvcc_flags"], *extra_flags])
+    return dataclasses.replace(variant, meta=dict(variant.meta, build=build))
+
+
+def needs_toolchain():
+    if shutil.which("nvcc") is None:
+        pytest.skip("needs nvcc")
+    if installed_cutlass_include() is None:
+        pytest.skip("needs the nvidia-cutlass headers")
+
+
+@pytest.fixture(scope="module")
+def sm90a_build(tmp_path_factory):
+    needs_toolchain()
+    verdict, resources, log = build_cuda(v5_variant(), "9.0", tmp_path_factory.mktemp("v5"))
+    return verdict, resources, log
+
+
+def test_builds_for_sm90a_without_spills(sm90a_build):
+    verdict, resources, _ = sm90a_build
+    assert verdict["status"] == "pass", verdict["reasons"]
+    assert verdict["arch"] == "-gencode=arch=compute_90a,code=sm_90a"
+    assert len(verdict["units"]) == 5     # the ABI and one unit per (dtype, head dim), built in parallel
+    kernels = {r["kernel"] for r in resources}
+    assert len(kernels) == 8              # 2 dtypes x 2 head dims x causal or not
+    assert all(r["spill_store_bytes"] == 0 and r["stack_frame_bytes"] == 0 for r in resources)
+
+
+def test_sass_holds_wgmma_tma_and_setmaxnreg(sm90a_build):
+    verdict, _, _ = sm90a_build
+    assert set(verdict["sass"]) == {"HGMMA", "UTMALDG", "USETMAXREG"}
+    assert all(count > 0 for count in verdict["sass"].values()), verdict["sass"]
+
+
+def test_library_exports_only_the_abi(sm90a_build):
+    # A template's static local is an STB_GNU_UNIQUE symbol, bound across every library of a
+    # process: exported, it let a second build of v5 skip its shared-memory opt-in (NOTES.md, run 2).
+    verdict, _, _ = sm90a_build
+    listing = subprocess.run(["nm", "-D", "--defined-only", verdict["artifact"]],
+                             capture_output=True, text=True, check=True).stdout
+    symbols = [line.split()[-1] for line in listing.splitlines() if line.strip()]
+    assert ABI <= set(symbols)
+    unique = [line for line in listing.splitlines() if line.split()[1:2] == ["u"] and "v5_hopper" in line]
+    assert not unique
+    assert not [s for s in symbols if "v5_hopper" in s]
+
+
+def sm90_device() -> bool:
+    import torch
+
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("S", [1, 130, 1000])
+def test_matches_reference(sm90a_build, dtype, D, causal, S):
+    from evo_sdpa.parity import ParityCase, run_case
+    from evo_sdpa.runners import load_forward
+    from evo_sdpa.tolerance import ToleranceRule
+
+    if not sm90_device():
+        pytest.skip("v5_hopper runs on compute capability 9.0 only")
+    forward = load_forward(v5_variant(), sm90a_build[0]["artifact"])
+    rule = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})
+    record = run_case(ParityCase(dtype, 2, 3, S, D, causal, "normal", 0), forward, rule, "cuda")
+    assert record["status"] == "pass", record
+
+
+@pytest.mark.gpu
+def test_two_builds_share_a_process(sm90a_build, tmp_path):
+    """The A/B sweep and an evolution run load several builds of one variant into one process."""
+    import math
+
+    import torch
+
+    from evo_sdpa.inputs import make_qkv, reference
+    from evo_sdpa.runners import load_forward
+
+    if not sm90_device():
+        pytest.skip("v5_hopper runs on compute capability 9.0 only")
+    other, _, _ = build_cuda(v5_variant(("-DV5_HOPPER_PINGPONG=0",)), "9.0", tmp_path)
+    assert other["status"] == "pass", other["reasons"]
+    q, k, v = make_qkv(1, 2, 300, 128, torch.float16, "cuda", 0)
+    expected = reference(q, k, v, True, 1 / math.sqrt(128))
+    for artifact in (sm90a_build[0]["artifact"], other["artifact"]):
+        out = torch.full_like(q, float("nan"))
+        load_forward(v5_variant(), artifact)(q, k, v, out, True, 1 / math.sqrt(128))
+        assert (out.double() - expected).abs().max().item() < 2e-3
