@@ -24,6 +24,7 @@ include: "workflow/rules/bench.smk"
 include: "workflow/rules/ncu.smk"
 include: "workflow/rules/analysis.smk"
 include: "workflow/rules/summary.smk"
+include: "workflow/rules/evolve.smk"
 
 
 rule all:

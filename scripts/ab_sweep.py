@@ -1,14 +1,18 @@
 """A/B sweep of one CUDA variant's compile-time configurations, in one process on one GPU.
 
 Not a pipeline stage: the pipeline gates and measures a variant as its variant.yaml builds it.
-This builds (or loads) several configurations of one variant: extra -D flags over its sources
-built by the build stage's own code, or prebuilt libraries. It runs each through a parity tier
-of the config (the parity stage's own cases and tolerance rule; every failure is listed), then
-times every configuration that passed and SDPA's default backend interleaved in one process
-with the bench stage's timing code. Every ratio comes from one run on one card.
+This builds (or loads) several configurations of one variant: tunable overrides (`--set`, checked
+against each knob's declared values; the rest keep their variant.yaml defaults) built by the build
+stage's own code, raw nvcc flags as an escape hatch (`--flags`; a -D of a tunable's macro becomes
+that tunable's override), or prebuilt libraries. It runs each through a parity tier of the config
+(the parity stage's own cases and tolerance rule; every failure is listed), then times every
+configuration that passed and SDPA's default backend interleaved in one process with the bench
+stage's timing code. Every ratio comes from one run on one card.
 
-    python3 scripts/ab_sweep.py --variant v5_hopper --out $OUT/sweep.json \\
-        --config default= --config stages3=-DV5_HOPPER_STAGES=3 --suite large --tier quick
+    python3 scripts/ab_sweep.py --variant v5_hopper --out $OUT/sweep.json --suite large --tier quick \\
+        --config default --config stages3 --set stages=3 --set stages_d64=3
+
+Each --set and --flags applies to the --config named before it.
 """
 from __future__ import annotations
 
@@ -31,6 +35,22 @@ from evo_sdpa.variants import KERNELS_DIR, REPO, Variant, load_variant  # noqa: 
 BUILD_DIR = Path("/tmp/evo_sdpa_ab_sweep")
 
 
+class ConfigAction(argparse.Action):
+    """--config NAME starts a configuration; --set and --flags add to the last one started."""
+
+    def __call__(self, parser, namespace, value, option_string=None):
+        configs = getattr(namespace, "configs", None) or []
+        if option_string == "--config":
+            configs.append({"name": value, "set": [], "flags": []})
+        elif not configs:
+            parser.error(f"{option_string} {value!r} comes before any --config NAME")
+        elif option_string == "--set":
+            configs[-1]["set"].append(value)
+        else:
+            configs[-1]["flags"].extend(value.split())
+        namespace.configs = configs
+
+
 def with_flags(variant: Variant, flags: list[str], allow_spills: bool = False) -> Variant:
     build = dict(variant.meta["build"], nvcc_flags=[*variant.meta["build"]["nvcc_flags"], *flags])
     if allow_spills:
@@ -38,17 +58,31 @@ def with_flags(variant: Variant, flags: list[str], allow_spills: bool = False) -
     return dataclasses.replace(variant, meta=dict(variant.meta, build=build))
 
 
-def build_config(variant: Variant, name: str, flags: list[str], cc: str, build_cfg: dict,
-                 allow_spills: bool = False) -> dict:
+def overrides_of(variant: Variant, spec: dict) -> tuple[dict[str, int], list[str]]:
+    """A configuration's tunable overrides (--set, then any -D of a tunable's macro in --flags)
+    and the raw flags left; an unknown knob or undeclared value stops here, before any build."""
+    from evo_sdpa.tunables import parse_assignments, resolve, split_define_flags
+
+    from_flags, flags = split_define_flags(variant, spec["flags"])
+    overrides = {**from_flags, **parse_assignments(spec["set"])}
+    resolve(variant, overrides)
+    return overrides, flags
+
+
+def build_config(variant: Variant, name: str, overrides: dict[str, int], flags: list[str], cc: str,
+                 build_cfg: dict, allow_spills: bool = False) -> dict:
     from evo_sdpa.build import build_cuda
+    from evo_sdpa.tunables import changed
 
     outdir = BUILD_DIR / variant.name / name
     outdir.mkdir(parents=True, exist_ok=True)
-    verdict, resources, log = build_cuda(with_flags(variant, flags, allow_spills), cc, outdir, build_cfg.get("cutlass_include"))
+    verdict, resources, log = build_cuda(with_flags(variant, flags, allow_spills), cc, outdir,
+                                         build_cfg.get("cutlass_include"), tunable_values=overrides)
     (outdir / "compiler.log").write_text(log)
     regs = sorted({r["registers"] for r in resources})
     spills = sum(r["spill_store_bytes"] + r["spill_load_bytes"] for r in resources)
-    return {"name": name, "flags": flags, "verdict": verdict, "registers": regs, "spill_bytes": spills}
+    return {"name": name, "set": changed(variant, verdict.get("tunables", {})), "flags": flags,
+            "verdict": verdict, "registers": regs, "spill_bytes": spills}
 
 
 def parity(forward, variant: Variant, tier: dict, tolerance: dict) -> dict:
@@ -61,11 +95,16 @@ def parity(forward, variant: Variant, tier: dict, tolerance: dict) -> dict:
     return {"cases": len(records), "failed": failed}
 
 
-def main() -> int:
+def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variant", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--config", action="append", default=[], help="name=space-separated extra nvcc flags")
+    parser.add_argument("--config", action=ConfigAction, help="start a configuration named NAME (the defaults "
+                        "of variant.yaml unless --set / --flags follow)")
+    parser.add_argument("--set", action=ConfigAction, metavar="TUNABLE=VALUE",
+                        help="override one tunable of the last --config (one of its declared values)")
+    parser.add_argument("--flags", action=ConfigAction, metavar="'NVCC FLAGS'",
+                        help="escape hatch: extra nvcc flags for the last --config (space-separated)")
     parser.add_argument("--artifact", action="append", default=[], help="name=path of a prebuilt library")
     parser.add_argument("--tier", default="quick", help="parity tier of config.yaml ('none' skips parity)")
     parser.add_argument("--suite", default="large", help="shape suite of config.yaml to time")
@@ -76,7 +115,13 @@ def main() -> int:
                         help="after timing a shape, check every configuration's output on it against "
                              "the float64 reference (the bench stage's re-check), up to this size")
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop timing new shapes after this")
-    args = parser.parse_args()
+    return parser
+
+
+def main() -> int:
+    args = argument_parser().parse_args()
+    variant = load_variant(KERNELS_DIR / args.variant)
+    jobs = [(spec["name"], *overrides_of(variant, spec)) for spec in getattr(args, "configs", None) or []]
 
     import torch
 
@@ -92,16 +137,14 @@ def main() -> int:
 
     started = time.perf_counter()
     config = check_config(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
-    variant = load_variant(KERNELS_DIR / args.variant)
     major, minor = torch.cuda.get_device_capability()
     cc = f"{major}.{minor}"
-    jobs = [(spec.split("=", 1)[0], spec.split("=", 1)[1].split()) for spec in args.config]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        builds = list(pool.map(lambda job: build_config(variant, job[0], job[1], cc, config["build"],
+        builds = list(pool.map(lambda job: build_config(variant, job[0], job[1], job[2], cc, config["build"],
                                                          args.allow_spills), jobs))
     for spec in args.artifact:
         name, path = spec.split("=", 1)
-        builds.append({"name": name, "flags": [], "verdict": {"status": "pass", "reasons": [], "artifact": path},
+        builds.append({"name": name, "set": {}, "flags": [], "verdict": {"status": "pass", "reasons": [], "artifact": path},
                        "registers": []})
     report = {"device": torch.cuda.get_device_name(), "variant": variant.name, "builds": builds,
               "parity": {}, "timings": []}
@@ -165,4 +208,6 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from evo_sdpa.errors import run_stage
+
+    run_stage(main)

@@ -1,10 +1,12 @@
 """Stage: build one variant and write its verdict, per-kernel resources and the compiler log."""
 from pathlib import Path
 
-from evo_sdpa.build import below_min_cc, build_cuda, build_triton
+from evo_sdpa.build import build_variant
 from evo_sdpa.cli import config_arg, parser, setup_logging
+from evo_sdpa.deps import variant_inputs
 from evo_sdpa.errors import run_stage
 from evo_sdpa.io import write_json, write_text
+from evo_sdpa.provenance import stamp
 from evo_sdpa.variants import KERNELS_DIR, load_variant
 
 
@@ -20,16 +22,11 @@ def main() -> None:
     log = setup_logging()
     variant = load_variant(KERNELS_DIR / args.variant)
     outdir = Path(args.verdict).parent
-    skip = below_min_cc(variant, args.compute_capability)
-    if skip:
-        verdict, resources, text = {"status": "skipped", "reasons": [skip], "artifact": None}, [], skip
-    elif variant.kind == "cuda":
-        verdict, resources, text = build_cuda(variant, args.compute_capability, outdir,
-                                              args.config_json["build"].get("cutlass_include"))
-    else:
-        verdict, resources, text = build_triton(variant, variant.meta["build"]["allow_spills"])
-    verdict.update(variant=variant.name, kind=variant.kind,
-                   compute_capability=args.compute_capability, compiler_log=args.compiler_log)
+    verdict, resources, text = build_variant(variant, args.compute_capability, outdir,
+                                             args.config_json["build"].get("cutlass_include"))
+    verdict["compiler_log"] = args.compiler_log
+    # Triton compiles by launching (on the card when there is one); nvcc needs no card.
+    stamp(verdict, variant_inputs(variant), measured_on_card=variant.kind == "triton" and verdict["status"] != "skipped")
     log.info("build %s: %s %s", variant.name, verdict["status"], "; ".join(verdict["reasons"]))
     write_text(args.compiler_log, text)
     write_json(args.resources, {"variant": variant.name, "kernels": resources})

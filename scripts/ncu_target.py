@@ -32,10 +32,10 @@ def main() -> None:
 
         forward = sdpa_forward()
     else:
-        from evo_sdpa.runners import load_forward
+        from evo_sdpa.runners import load_built
         from evo_sdpa.variants import KERNELS_DIR, load_variant
 
-        forward = load_forward(load_variant(KERNELS_DIR / args.entry), read_json(args.build).get("artifact"))
+        forward = load_built(load_variant(KERNELS_DIR / args.entry), read_json(args.build))
     for _ in range(WARMUP_CALLS):
         forward(q, k, v, out, causal, scale)
     torch.cuda.synchronize()

@@ -7,7 +7,8 @@ from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.config import suite_shapes
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
 from evo_sdpa.errors import run_stage
-from evo_sdpa.io import read_json, write_json, write_text
+from evo_sdpa.io import write_json, write_text
+from evo_sdpa.provenance import stamp
 
 CSV_FIELDS = ["dtype", "B", "H", "S", "D", "causal", "backend", "picked_backend", "device", "mode",
               "status", "p50_us", "p90_us", "p99_us", "min_us", "iqr_us", "rel_spread", "n",
@@ -16,7 +17,7 @@ CSV_FIELDS = ["dtype", "B", "H", "S", "D", "causal", "backend", "picked_backend"
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--env", required=True)
+    p.add_argument("--env", required=True, help="the environment record (an input: it runs after it)")
     config_arg(p)
     p.add_argument("--json", required=True)
     p.add_argument("--csv", required=True)
@@ -24,7 +25,6 @@ def main() -> None:
     log = setup_logging()
     cfg = args.config_json
     shapes = suite_shapes(cfg, cfg["baseline_suite"])
-    env = read_json(args.env)
     if cuda_available():
         rows = gpu_cases(shapes, cfg["dtypes"], cfg["timing"], log)
         note = None
@@ -37,8 +37,10 @@ def main() -> None:
     writer.writeheader()
     writer.writerows(rows)
     write_text(args.csv, buffer.getvalue())
-    write_json(args.json, {"device": env["device"]["name"] if env["device"] else "cpu",
-                           "suite": cfg["baseline_suite"], "note": note, "rows": rows})
+    result = stamp({"suite": cfg["baseline_suite"], "note": note, "rows": rows,
+                    "rel_spread_bound": cfg["timing"]["rel_spread"]}, measured_on_card=True)
+    result["device"] = result["measured_at"]["card"]["name"]  # this job's card, not env's
+    write_json(args.json, result)
 
 
 if __name__ == "__main__":

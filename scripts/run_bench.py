@@ -1,10 +1,12 @@
 """Stage: time one variant against SDPA in the same process on the bench suite."""
 from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.config import suite_shapes
+from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
 from evo_sdpa.errors import run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import read_json, write_json
+from evo_sdpa.provenance import stamp
 from evo_sdpa.variants import KERNELS_DIR, load_variant
 
 
@@ -21,21 +23,23 @@ def main() -> None:
     log = setup_logging()
     cfg = args.config_json
     cause = blocked_by(build=args.build, sanitizer=args.sanitizer, parity=args.parity)
+    variant = load_variant(KERNELS_DIR / args.variant)
     if not cuda_available():
         result = skipped(f"not measured: {NO_DEVICE_REASON}")
     elif cause:
         result = skipped_for("not measured", cause)
     else:
         from evo_sdpa.bench import run
-        from evo_sdpa.runners import load_forward
+        from evo_sdpa.runners import load_built
         from evo_sdpa.tolerance import ToleranceRule
 
-        variant = load_variant(KERNELS_DIR / args.variant)
-        forward = load_forward(variant, read_json(args.build).get("artifact"))
+        forward = load_built(variant, read_json(args.build))
         env = read_json(args.env)
         result = run(variant, forward, suite_shapes(cfg, cfg["bench_suite"]), cfg["dtypes"],
                      cfg["timing"], ToleranceRule.from_config(cfg["tolerance"]), env.get("ceilings"), log)
-        result["device"] = env["device"]["name"]
+    stamp(result, variant_inputs(variant), measured_on_card=result["status"] != "skipped")
+    if result["measured_at"]["card"]:  # the card this job timed on, not the environment record's
+        result["device"] = result["measured_at"]["card"]["name"]
     result["variant"] = args.variant
     log.info("bench %s: %s %s", args.variant, result["status"], "; ".join(result["reasons"]))
     write_json(args.out, result)

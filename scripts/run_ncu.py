@@ -2,11 +2,13 @@
 from pathlib import Path
 
 from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
+from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
-from evo_sdpa.errors import run_stage
+from evo_sdpa.errors import notice, run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json, write_text
 from evo_sdpa.profiling import SDPA_ENTRY, profile
+from evo_sdpa.provenance import stamp
 from evo_sdpa.variants import KERNELS_DIR, load_variant
 
 
@@ -48,7 +50,12 @@ def main() -> None:
         status, csv_text = profile(ncu, args.entry, build, shape, dtype, cfg["launch_count"],
                                    Path(args.csv).parent)
     status["entry"] = args.entry
+    sources = None if args.entry == SDPA_ENTRY else variant_inputs(load_variant(KERNELS_DIR / args.entry))
+    stamp(status, sources, measured_on_card=skip is None)
     log.info("ncu %s: %s %s", args.entry, status["status"], "; ".join(status["reasons"]))
+    if skip:
+        notice(f"ncu {args.entry}: {status['reasons'][0]}; {args.csv} is left empty "
+               f"(the reason is in {args.status})")
     write_text(args.csv, csv_text)
     write_json(args.status, status)
 

@@ -3,11 +3,14 @@ import sys
 from pathlib import Path
 
 from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
+from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
 from evo_sdpa.errors import run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json
+from evo_sdpa.provenance import stamp
 from evo_sdpa.sanitizer import run_tools, verdict
+from evo_sdpa.variants import KERNELS_DIR, load_variant
 
 TARGET = Path(__file__).resolve().parent / "sanitizer_target.py"
 
@@ -39,6 +42,7 @@ def main() -> None:
         result = verdict(run_tools(sanitizer, cfg["tools"], cfg["padding_bytes"], target, log_dir))
         result.update(shape=shape, padding_bytes=cfg["padding_bytes"],
                       environment="PYTORCH_NO_CUDA_MEMORY_CACHING=1")
+    stamp(result, variant_inputs(load_variant(KERNELS_DIR / args.variant)), measured_on_card="tools" in result)
     result["variant"] = args.variant
     log.info("sanitizer %s: %s %s", args.variant, result["status"], "; ".join(result["reasons"]))
     write_json(args.verdict, result)

@@ -1,11 +1,12 @@
 """Run one variant once per supported (dtype, head dim, causal) on a small shape whose length is
 not a tile multiple: the process compute-sanitizer watches."""
 import math
+from pathlib import Path
 
 from evo_sdpa.cli import parser
 from evo_sdpa.inputs import make_qkv, poisoned_like
 from evo_sdpa.io import read_json
-from evo_sdpa.runners import load_forward
+from evo_sdpa.runners import load_built
 from evo_sdpa.shapes import torch_dtype
 from evo_sdpa.variants import KERNELS_DIR, load_variant
 
@@ -13,6 +14,8 @@ from evo_sdpa.variants import KERNELS_DIR, load_variant
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--variant", required=True)
+    p.add_argument("--variant-dir", help="the variant's folder when it is not kernels/<variant> "
+                                         "(an evolution candidate written by a proposer)")
     p.add_argument("--build", required=True)
     p.add_argument("--B", type=int, required=True)
     p.add_argument("--H", type=int, required=True)
@@ -20,8 +23,8 @@ def main() -> None:
     args = p.parse_args()
     import torch
 
-    variant = load_variant(KERNELS_DIR / args.variant)
-    forward = load_forward(variant, read_json(args.build).get("artifact"))
+    variant = load_variant(Path(args.variant_dir) if args.variant_dir else KERNELS_DIR / args.variant)
+    forward = load_built(variant, read_json(args.build))
     s = variant.support
     for dtype in s["dtypes"]:
         for D in s["head_dims"]:

@@ -2,7 +2,8 @@
 tests/pathologies/<name>/ (deliberately slow ones). Each folder holds its variant.yaml and
 planted.patch: the one edit, as a unified diff against the kernels/ variant it comes from, whose
 first line names that parent. materialize() writes the whole variant where a test needs it:
-the parent's sources with the patch applied. A patch that no longer applies says so."""
+the parent's sources with the patch applied, and the parent's `tunables:` (the one home of their
+defaults) unless the planted variant.yaml declares its own. A patch that no longer applies says so."""
 from __future__ import annotations
 
 import shutil
@@ -33,9 +34,10 @@ def materialize(planted: Path, dest_dir: Path) -> Path:
     if dest.exists():
         shutil.rmtree(dest)
     dest.mkdir(parents=True)
-    for source in yaml.safe_load((parent / METADATA).read_text())["sources"]:
+    parent_meta = yaml.safe_load((parent / METADATA).read_text())
+    for source in parent_meta["sources"]:
         shutil.copy2(parent / source, dest / source)
-    shutil.copy2(planted / METADATA, dest / METADATA)
+    (dest / METADATA).write_text(with_parent_tunables((planted / METADATA).read_text(), parent_meta))
     proc = subprocess.run(["patch", "-p1", "--forward", "--batch", "--no-backup-if-mismatch",
                            "-d", str(dest), "-i", str(planted / PATCH)],
                           capture_output=True, text=True)
@@ -43,6 +45,13 @@ def materialize(planted: Path, dest_dir: Path) -> Path:
         raise RuntimeError(f"{planted / PATCH} no longer applies to {parent.relative_to(REPO)}: "
                            f"redo the edit on the current parent\n{proc.stdout}{proc.stderr}")
     return dest
+
+
+def with_parent_tunables(text: str, parent_meta: dict) -> str:
+    """The planted variant.yaml's text, with the parent's tunables appended when it has none."""
+    if "tunables" in (yaml.safe_load(text) or {}) or not parent_meta.get("tunables"):
+        return text
+    return text.rstrip("\n") + "\n" + yaml.safe_dump({"tunables": parent_meta["tunables"]}, sort_keys=False)
 
 
 _SCRATCH = Path(tempfile.mkdtemp(prefix="evo_planted_"))

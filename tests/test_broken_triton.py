@@ -17,7 +17,7 @@ os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 from evo_sdpa.oracle import run_oracle  # noqa: E402
 from evo_sdpa.parity import ParityCase, run_case, verdict  # noqa: E402
-from evo_sdpa.runners import load_triton_module  # noqa: E402
+from evo_sdpa.runners import load_forward, load_triton_module  # noqa: E402
 from evo_sdpa.tolerance import ToleranceRule  # noqa: E402
 from evo_sdpa.variants import KERNELS_DIR, load_variant  # noqa: E402
 from pipeline_helpers import MUTANTS  # noqa: E402
@@ -49,10 +49,10 @@ ORACLE_REASONS = {
 
 
 def forward_of(folder):
-    module = load_triton_module(load_variant(folder))
-    if not module._INTERPRETER:
+    variant = load_variant(folder)
+    if not load_triton_module(variant)._INTERPRETER:
         pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set")
-    return module.forward
+    return load_forward(variant, None)  # with the tunables of variant.yaml (the parent's, for a mutant)
 
 
 @pytest.mark.parametrize("name", sorted(CASES))

@@ -4,6 +4,7 @@ The compiles are real (nvcc, no GPU); each is skipped where nvcc is absent."""
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib.machinery
 import json
 import os
@@ -394,3 +395,85 @@ def test_stage_script_passes_build_cutlass_include_from_the_config(tmp_path: Pat
     assert proc.stderr.strip().splitlines()[-1] == (
         f"evo-sdpa: config: key 'build.cutlass_include': {str(tmp_path / 'nowhere')!r} holds no cute/tensor.hpp "
         "(point it at the folder holding cute/ and cutlass/)")
+
+
+# --- tunables: variant.yaml's values reach the compile as -D ----------------------------------------
+
+TUNABLE_CU = """\
+#ifndef TUNED_WIDTH
+#error "TUNED_WIDTH undefined: the build passes it from variant.yaml (tunables.width)"
+#endif
+static_assert(TUNED_WIDTH == 32 || TUNED_WIDTH == 64, "a declared value");
+__global__ void tuned_kernel(float* x) { float r[TUNED_WIDTH / 32]; r[0] = x[0];
+    for (int i = 1; i < TUNED_WIDTH / 32; ++i) r[i] = r[i - 1] * 2.0f; x[threadIdx.x] = r[TUNED_WIDTH / 32 - 1]; }
+"""
+
+
+def tuned_variant(tmp_path: Path):
+    folder = tmp_path / "kernels" / "tuned"
+    folder.mkdir(parents=True)
+    (folder / "kernel.cu").write_text(TUNABLE_CU)
+    meta = {"name": "tuned", "kind": "cuda", "description": "a tunable test variant", "sources": ["kernel.cu"],
+            "support": {"dtypes": ["fp16"], "head_dims": [64], "causal": [False]},
+            "build": {"nvcc_flags": ["-O3"]},
+            "tunables": {"width": {"values": [32, 64], "default": 64, "define": "TUNED_WIDTH"}}}
+    (folder / "variant.yaml").write_text(yaml.safe_dump(meta))
+    return load_variant(folder)
+
+
+@needs_nvcc
+def test_the_build_passes_every_tunable_and_records_the_values(tmp_path: Path) -> None:
+    variant = tuned_variant(tmp_path)
+    verdict, _, log_text = build_cuda(variant, "9.0", out_dir(tmp_path))
+    assert verdict["status"] == "pass", verdict["reasons"]
+    assert verdict["tunables"] == {"width": 64}
+    assert verdict["command"][1:3] == ["-O3", "-DTUNED_WIDTH=64"]
+    outdir = tmp_path / "override"
+    outdir.mkdir()
+    verdict, _, _ = build_cuda(variant, "9.0", outdir, tunable_values={"width": 32})
+    assert verdict["status"] == "pass" and verdict["tunables"] == {"width": 32}
+    assert "-DTUNED_WIDTH=32" in verdict["command"] and "-DTUNED_WIDTH=64" not in verdict["command"]
+
+
+@needs_nvcc
+def test_an_undeclared_value_stops_before_compiling(tmp_path: Path) -> None:
+    outdir = out_dir(tmp_path)
+    with pytest.raises(StageError, match=r"^tuned: tunable width=48 is not one of its declared values \[32, 64\]"):
+        build_cuda(tuned_variant(tmp_path), "9.0", outdir, tunable_values={"width": 48})
+    assert list(outdir.iterdir()) == []
+
+
+@needs_nvcc
+def test_a_source_built_without_its_tunables_stops_at_the_error_guard(tmp_path: Path) -> None:
+    variant = tuned_variant(tmp_path)
+    bare = dataclasses.replace(variant, meta={**variant.meta, "tunables": {}})
+    verdict, _, _ = build_cuda(bare, "9.0", out_dir(tmp_path))
+    assert verdict["status"] == "fail"
+    assert "TUNED_WIDTH undefined: the build passes it from variant.yaml (tunables.width)" in verdict["first_error"]
+
+
+@needs_nvcc
+def test_evolution_candidates_build_with_their_values_once(tmp_path: Path, monkeypatch) -> None:
+    """The evolution's evaluator builds candidates in parallel through the build stage's code, each
+    into its own folder, and reads a finished build back instead of compiling it again."""
+    import logging
+
+    from evo_sdpa import candidates as candidates_lib
+    from evo_sdpa.candidates import PipelineEvaluator, StageConfig
+    from evo_sdpa.evolve import Candidate, Store
+
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    store = Store(tmp_path / "search")
+    evaluator = PipelineEvaluator(tuned_variant(tmp_path), store, StageConfig("9.0", cfg), str(tmp_path / "env.json"),
+                                  2, logging.getLogger("test"))
+    wide, narrow = Candidate("g00-c00", 0, {"width": 64}, "defaults"), Candidate("g00-c01", 0, {"width": 32}, "mutation")
+    bad = Candidate("g00-c02", 0, {"width": 48}, "mutation")
+    verdicts = evaluator.build([wide, narrow, bad])
+    assert verdicts["g00-c00"]["tunables"] == {"width": 64} and verdicts["g00-c01"]["tunables"] == {"width": 32}
+    assert verdicts["g00-c01"]["artifact"] == str(store.candidate_dir("g00-c01") / "build" / "libtuned.so")
+    assert verdicts["g00-c02"]["status"] == "fail"
+    assert verdicts["g00-c02"]["reasons"] == ["tuned: tunable width=48 is not one of its declared values [32, 64] "
+                                              "(extend `values` in variant.yaml to try it)"]
+    assert (store.candidate_dir("g00-c01") / "build" / "compiler.log").read_text().count("-DTUNED_WIDTH=32") == 1
+    monkeypatch.setattr(candidates_lib, "build_into", lambda *a, **k: pytest.fail("rebuilt"))
+    assert evaluator.build([narrow])["g00-c01"]["tunables"] == {"width": 32}

@@ -246,3 +246,68 @@ def test_cutlass_include_rejects_junk(cfg, value, allowed):
     message = error_of(cfg)
     assert message.startswith(f"config: key 'build.cutlass_include': {value!r} is not valid"), message
     assert allowed in message
+
+
+# ---------------------------------------------------------------- evolve
+
+
+def test_evolve_settings_are_read_as_the_search_reads_them(cfg):
+    from evo_sdpa.evolve import Settings
+
+    settings = Settings.from_config(cfg["evolve"])
+    assert cfg["evolve"]["suite"] == "canonical" and cfg["evolve"]["proposer"] == "builtin"
+    assert settings.gpu_s == 60.0 * cfg["evolve"]["budgets"]["gpu_minutes"]
+    assert settings.patience == cfg["evolve"]["budgets"]["no_improvement_generations"]
+
+
+def test_evolve_unknown_key(cfg):
+    cfg["evolve"]["populaton"] = 4
+    message = error_of(cfg)
+    assert "'evolve.populaton'" in message and "population" in message.split("allowed keys:")[1]
+
+
+def test_evolve_budget_unknown_key(cfg):
+    cfg["evolve"]["budgets"]["gpu_hours"] = 1
+    assert "'evolve.budgets.gpu_hours'" in error_of(cfg)
+
+
+@pytest.mark.parametrize("key,value,allowed", [
+    ("population", 1, "minimum 2"),
+    ("max_levers", 3, "maximum 2"),
+    ("crossover_rate", 1.5, "maximum 1"),
+    ("dtypes", ["fp8"], "fp16, bf16"),
+])
+def test_evolve_values_out_of_range(cfg, key, value, allowed):
+    cfg["evolve"][key] = value
+    message = error_of(cfg)
+    assert f"evolve.{key}" in message and allowed in message
+
+
+def test_evolve_proposer_is_builtin_or_a_command(cfg):
+    cfg["evolve"]["proposer"] = "llm"
+    message = error_of(cfg)
+    assert "'evolve.proposer'" in message and "'builtin' or a object" in message
+    cfg["evolve"]["proposer"] = {"command": "python3 tests/fixtures/proposer/edit_proposer.py", "timeout_s": 60}
+    check_config(cfg)
+    cfg["evolve"]["proposer"] = {"cmd": "x"}
+    assert "'evolve.proposer'" in error_of(cfg)
+
+
+def test_evolve_suite_and_tiers_must_exist(cfg):
+    cfg["evolve"]["suite"] = "huge"
+    assert error_of(cfg) == "config: key 'evolve.suite': 'huge' is not a shape suite (defined: canonical, large)"
+    cfg["evolve"]["suite"] = "large"
+    cfg["evolve"]["final_tier"] = "exhaustive"
+    assert error_of(cfg) == ("config: key 'evolve.final_tier': 'exhaustive' is not a parity tier "
+                             "(defined: cpu, full, quick)")
+
+
+def test_evolve_elites_below_population(cfg):
+    cfg["evolve"]["elites"] = cfg["evolve"]["population"]
+    assert error_of(cfg) == ("config: key 'evolve.elites': 8 must be below evolve.population (8), "
+                             "or no child is ever proposed")
+
+
+def test_evolve_is_required(cfg):
+    del cfg["evolve"]
+    assert error_of(cfg) == "config: key 'evolve' is missing (add it)"

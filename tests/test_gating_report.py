@@ -13,6 +13,7 @@ from evo_sdpa.baseline import _row, _stats_row
 from evo_sdpa.bottlenecks import analyze
 from evo_sdpa.deps import library_inputs
 from evo_sdpa.device import NO_DEVICE_REASON
+from evo_sdpa.errors import StageError
 from evo_sdpa.io import read_json, write_json
 from evo_sdpa.ncu import read_raw_csv
 from evo_sdpa.parity import ParityCase, run_case
@@ -309,7 +310,8 @@ def parity_record(name: str, forward) -> dict:
     cases = [ParityCase("fp16", 1, 2, 17, 64, causal, "normal", 0) for causal in (False, True)]
     records = [run_case(case, forward, RULE, "cpu") for case in cases]
     result = parity_verdict(records, f"python scripts/run_parity.py --variant {name}")
-    result.update(variant=name, device="cuda", tier="quick", records=records)
+    result.update(variant=name, device="cuda", tier="quick", gpu_tier="quick", interpreter=False,
+                  records=records)
     return result
 
 
@@ -342,11 +344,20 @@ def write_stages(results: Path, name: str, records: dict) -> None:
     for stage, path in report.stage_paths(results, name).items():
         if stage in records:
             write_json(path, records[stage])
+    if "build" in records:  # what the build read off the compiled kernels (none when it compiled nothing)
+        kernels = [] if records["build"].get("note") else [KERNEL_RESOURCES]
+        write_json(report.build_resources_path(results, name), {"variant": name, "kernels": kernels})
 
 
-def build_record(name: str, kind: str) -> dict:
-    return {"status": "pass", "reasons": [], "artifact": f"results/build/{name}/lib{name}.so",
-            "variant": name, "kind": kind, "compute_capability": "9.0"}
+KERNEL_RESOURCES = {"kernel": "attention_fwd", "registers": 96, "spill_store_bytes": 0, "spill_load_bytes": 0}
+IMPORTED_ONLY = ("imported only; Triton compiles at first launch and the kernel resources are read on a "
+                 f"GPU host ({NO_DEVICE_REASON})")
+
+
+def build_record(name: str, kind: str, compiled: bool = True) -> dict:
+    record = {"status": "pass", "reasons": [], "artifact": f"results/build/{name}/lib{name}.so",
+              "variant": name, "kind": kind, "compute_capability": "9.0"}
+    return record if compiled else {**record, "note": IMPORTED_ONLY}
 
 
 @pytest.fixture
@@ -423,11 +434,11 @@ def test_leaderboard_funnel_and_fell_out_at(gpu_leaderboard):
     good, bad = entries["good"], entries["bad"]
     assert good["funnel"] == {"build": "pass", "sanitizer": "pass", "parity": "pass", "bench": "measured",
                               "ncu": "measured", "analysis": "analysed"}
-    assert good["fell_out_at"] is None and good["stopped_at"] is None and good["reasons"] == {}
+    assert good["fell_out_at"] is None and good["not_run_here"] == [] and good["reasons"] == {}
     assert good["kind"] == "cuda" and bad["kind"] == "triton"
     assert bad["funnel"] == {"build": "pass", "sanitizer": "pass", "parity": "fail", "bench": "skipped",
                              "ncu": "skipped", "analysis": "skipped"}
-    assert bad["fell_out_at"] == "parity" and bad["stopped_at"] is None
+    assert bad["fell_out_at"] == "parity" and bad["not_run_here"] == [], "skipped for a failure: not 'not run'"
     # Only parity's own reason: the stages skipped because of it add nothing.
     assert list(bad["reasons"]) == ["parity"]
     assert "above bound" in bad["reasons"]["parity"]
@@ -463,17 +474,23 @@ def test_leaderboard_criteria(gpu_leaderboard):
     assert good["faster than SDPA (p50) on at least one bench shape"] == "met"
     assert good["faster than SDPA (p50) on every bench shape"] == "not met"
     assert bad["correct on its whole declared support (parity)"] == "not met"
-    assert bad["faster than SDPA (p50) on at least one bench shape"] == "not measured"
-    assert bad["faster than SDPA (p50) on every bench shape"] == "not measured"
+    assert bad["faster than SDPA (p50) on at least one bench shape"] == "not checked"
+    assert bad["faster than SDPA (p50) on every bench shape"] == "not checked"
+    details = {c["criterion"]: c["detail"] for c in entries["bad"]["criteria"]}
+    assert details["faster than SDPA (p50) on every bench shape"] == "parity failed"
+    assert {c["criterion"]: c["detail"] for c in entries["good"]["criteria"]}[
+        "correct on its whole declared support (parity)"] == "tier quick on cuda"
 
 
 def test_criteria_faster_everywhere():
     funnel = dict.fromkeys(report.STAGES, "pass")
-    entry = {"funnel": {**funnel, "sanitizer": "skipped"},
+    entry = {"funnel": {**funnel, "sanitizer": "skipped"}, "build_unchecked": None,
+             "not_run_because": {"sanitizer": "disabled in the config (stages.sanitizer: false)"},
+             "parity": {"tier": "quick", "gpu_tier": "quick", "interpreter": False, "device": "cuda"},
              "speedups": [{"shape": "A", "speedup_p50": 1.1}, {"shape": "B", "speedup_p50": 1.01}]}
     result = {c["criterion"]: c["result"] for c in report.criteria(entry, ["A", "B"])}
     assert result["faster than SDPA (p50) on every bench shape"] == "met"
-    assert result["memory-safe and race-free (compute-sanitizer)"] == "not measured"
+    assert result["memory-safe and race-free (compute-sanitizer)"] == "not checked"
     result = {c["criterion"]: c["result"] for c in report.criteria(entry, ["A", "B", "C"])}
     assert result["faster than SDPA (p50) on every bench shape"] == "not met"
 
@@ -488,9 +505,9 @@ def test_leaderboard_sdpa_baseline_and_not_run(gpu_leaderboard):
 
 def test_render_gpu_summary(gpu_leaderboard):
     text = report.render(gpu_leaderboard)
-    assert "| variant | kind | build | sanitizer | parity | bench | ncu | analysis | fell out at |" in text
-    assert "| good | cuda | pass | pass | pass | measured | measured | analysed | — |" in text
-    assert "| bad | triton | pass | pass | fail | skipped | skipped | skipped | parity |" in text
+    assert "| variant | kind | build | sanitizer | parity | bench | ncu | analysis | outcome | measured at |" in text
+    assert "| good | cuda | pass | pass | pass (quick) | measured | measured | analysed | — |" in text
+    assert "| bad | triton | pass | pass | fail (quick) | skipped | skipped | skipped | failed at parity |" in text
     assert "| variant p50 µs | variant p90 µs | SDPA p50 µs | SDPA p90 µs | speedup p50 | speedup p90 |" in text
     assert f"| good | {SMALL.label} | fp16 | graph x32 | 5.00 |" in text
     assert "| 2.000 |" in text and "| 0.720 |" in text
@@ -498,7 +515,7 @@ def test_render_gpu_summary(gpu_leaderboard):
     reason = by_name(gpu_leaderboard)["bad"]["reasons"]["parity"]
     assert f"- **bad / parity**: {reason}" in text
     assert "**SDPA default (the bar)**" in text
-    assert "**bad**\n\nNot analysed (stopped at parity)." in text
+    assert "**bad**\n\nNot analysed (parity failed)." in text
     assert "| good | faster than SDPA (p50) on every bench shape | not met |" in text
     assert "git 0123456789ab (dirty)" in text
     assert "Every stage ran." in text
@@ -518,9 +535,9 @@ def cpu_leaderboard(tmp_path) -> dict:
                gating.skipped_for("not analysed", gating.root_cause("ncu", no_ncu), entry="sdpa"))
     ncu_record = gating.skipped(f"not profiled: {NO_DEVICE_REASON}", entry="tri")
     write_stages(results, "tri", {
-        "build": build_record("tri", "triton"),
+        "build": build_record("tri", "triton", compiled=False),
         "sanitizer": gating.skipped(f"not run: {NO_DEVICE_REASON}", variant="tri"),
-        "parity": {**parity_record("tri", sdpa_forward), "device": "cpu"},
+        "parity": {**parity_record("tri", sdpa_forward), "device": "cpu", "tier": "tiny", "interpreter": True},
         "bench": gating.skipped(f"not measured: {NO_DEVICE_REASON}", variant="tri"),
         "ncu": ncu_record,
         "analysis": gating.skipped_for("not analysed", gating.root_cause("ncu", ncu_record), entry="tri"),
@@ -531,18 +548,16 @@ def cpu_leaderboard(tmp_path) -> dict:
 def test_cpu_host_says_what_did_not_run(cpu_leaderboard):
     entry = cpu_leaderboard["variants"][0]
     assert cpu_leaderboard["device"] == "cpu (no CUDA device)"
-    assert entry["fell_out_at"] is None and entry["stopped_at"] == "sanitizer"
+    assert entry["fell_out_at"] is None and entry["not_run_here"] == ["sanitizer", "bench", "ncu"]
     lines = cpu_leaderboard["not_run"]
     assert lines[0] == f"Environment: device properties and ceilings: {NO_DEVICE_REASON}."
     assert lines[1].startswith("Baseline: GPU backends not run")
-    assert f"tri sanitizer: not run: {NO_DEVICE_REASON}" in lines
-    assert f"tri bench: not measured: {NO_DEVICE_REASON}" in lines
-    assert f"tri ncu: not profiled: {NO_DEVICE_REASON}" in lines
-    assert not any(line.startswith("tri analysis") for line in lines), "skipped for ncu: nothing new"
+    assert f"{NO_DEVICE_REASON}: tri (sanitizer, bench, ncu)" in lines, "one line per reason"
+    assert not any("analysis" in line for line in lines), "skipped for ncu: nothing new"
     text = report.render(cpu_leaderboard)
     assert "No speedup was measured on this host." in text
     assert "SDPA default" in text
-    assert f"- tri bench: not measured: {NO_DEVICE_REASON}" in text
+    assert f"- {NO_DEVICE_REASON}: tri (sanitizer, bench, ncu)" in text
 
 
 # ---------------------------------------------------------------- plot
@@ -612,3 +627,152 @@ def test_library_inputs_of_summarize_include_the_template():
     assert "scripts/evo_sdpa/report.py" in inputs
     assert "scripts/evo_sdpa/templates/final_summary.md.j2" in inputs
     assert "scripts/evo_sdpa/bench.py" not in inputs
+
+
+# ================================================================ what the summary promises (issue 12)
+
+
+def test_cpu_criteria_not_checked_say_so(cpu_leaderboard):
+    """Nothing compiled (Triton imported only) and the small CPU tier under the interpreter: the
+    criteria say "not checked" and why, never "met"."""
+    criteria = {c["criterion"]: c for c in cpu_leaderboard["variants"][0]["criteria"]}
+    build = criteria["builds without warnings or spills"]
+    assert build["result"] == "not checked" and build["detail"] == IMPORTED_ONLY
+    parity = criteria["correct on its whole declared support (parity)"]
+    assert parity["result"] == "not checked"
+    assert "tier tiny under the Triton interpreter" in parity["detail"] and "tier quick" in parity["detail"]
+    assert all(c["result"] != "met" for c in criteria.values())
+    text = report.render(cpu_leaderboard)
+    assert "| tri | builds without warnings or spills | not checked: imported only" in text
+    assert "| tri | correct on its whole declared support (parity) | not checked: passed tier tiny" in text
+    assert "| pass (tiny, interpreted) |" in text, "the funnel names the parity tier and the interpreter"
+
+
+def test_funnel_tells_not_run_from_failed(cpu_leaderboard):
+    text = report.render(cpu_leaderboard)
+    assert "| not run here: sanitizer, bench, ncu |" in text
+    assert "fell out" not in text and "stopped at" not in text and "failed at" not in text
+    assert "**tri**\n\nNot analysed (ncu did not run)." in text
+
+
+def test_what_could_not_run_does_not_repeat_the_funnel(cpu_leaderboard):
+    text = report.render(cpu_leaderboard)
+    assert "- **tri / sanitizer**" not in text and "- **tri / bench**" not in text, "skips are listed once, below"
+    assert "tri sanitizer: not run" not in text and "tri bench: not measured" not in text
+    assert text.count(f"{NO_DEVICE_REASON}: tri (sanitizer, bench, ncu)") == 1
+    assert text.count("GPU backends not run: ") == 1, "the baseline note once, under its table"
+
+
+def cpu_row(shape: Shape, samples: list[float], ended_by: str) -> dict:
+    result = _results({"default": samples}, ended_by, "cpu wall clock", "not flushed")["default"]
+    return {**_row(shape, "fp16", "default", "cpu"), **_stats_row(result, shape, "fp16")}
+
+
+def test_baseline_marks_loose_rows_and_lists_skipped_shapes(cpu_leaderboard, tmp_path):
+    steady = cpu_row(SMALL, series(900.0), "converged")
+    capped = cpu_row(SMALL, [100.0, 900.0, 5000.0, 300.0, 2000.0], "time cap")
+    skipped = {**_row(LARGE, "fp16", "default", "cpu"), "mode": "cpu", "status": "skipped",
+               "reason": "8.6 GFLOP is above cpu_baseline_max_gflop (1.0) on a host without a CUDA device"}
+    baseline = {"device": "cpu", "suite": "canonical", "note": "CPU rows", "rel_spread_bound": 0.1,
+                "rows": [steady, capped, skipped]}
+    rows = report.baseline_rows(baseline)
+    assert rows[0]["flag"] is None
+    assert rows[1]["flag"].startswith("sampling ended by time cap, spread ") and rows[1]["flag"].endswith(
+        "above the bound 0.1")
+    assert report.sampling_flag(steady, 0.05) == "spread 0.06 above the bound 0.05"
+    assert report.baseline_not_measured(baseline) == [f"B4 H16 S2048 D128 causal fp16 default: skipped, {skipped['reason']}"]
+    text = report.render({**cpu_leaderboard, "baseline": rows, "baseline_not_measured": report.baseline_not_measured(baseline)})
+    assert "| ⚠ sampling ended by time cap, spread " in text and "| converged |" in text
+    assert "Not measured:\n\n- B4 H16 S2048 D128 causal fp16 default: skipped, 8.6 GFLOP is above" in text
+
+
+def stamped(record: dict, dirty: bool, sources: str = "1a2b3c4d5e6f7a8b", card: dict | None = None) -> dict:
+    return {**record, "measured_at": {"git": {"commit": "0123456789abcdef0123", "dirty": dirty},
+                                      "sources": sources, "card": card}}
+
+
+H100_CARD = {"name": H100, "uuid": "GPU-11111111-2222-3333-4444-555555555555", "compute_capability": "9.0"}
+H200_CARD = {"name": "NVIDIA H200", "uuid": "GPU-99999999-2222-3333-4444-555555555555", "compute_capability": "9.0"}
+
+
+def restamp(results: Path, name: str, dirty: bool, card: dict | None = None, stages=report.STAMPED) -> None:
+    for stage in stages:
+        path = report.stage_paths(results, name)[stage]
+        write_json(path, stamped(read_json(path), dirty, card=card if stage in ("bench", "ncu") else None))
+
+
+def test_summary_prints_the_state_each_variant_was_measured_at(gpu_tree):
+    """The environment record says clean; good's chain was rerun after a kernel edit (dirty):
+    the summary prints good's own state and says it differs from the header's."""
+    env = read_json(gpu_tree / "env" / "environment.json")
+    write_json(gpu_tree / "env" / "environment.json", {**env, "git": {"commit": "0123456789abcdef0123", "dirty": False}})
+    restamp(gpu_tree, "good", dirty=True)
+    leaderboard = report.build_leaderboard(gpu_tree, ["bad", "good"], CFG, [s.label for s in SUITE])
+    good = by_name(leaderboard)["good"]
+    assert good["measured_at"] == [{"commit": "0123456789abcdef0123", "dirty": True, "sources": "1a2b3c4d5e6f7a8b",
+                                    "stages": list(report.STAMPED)}]
+    assert leaderboard["state_notes"] == ["good: measured at git 0123456789ab (dirty) (build, sanitizer, parity, "
+                                          "bench, ncu), not at the environment record's git 0123456789ab (clean)"]
+    text = report.render(leaderboard)
+    assert "environment record: git 0123456789ab ·" in text
+    assert "| git 0123456789ab (dirty) src 1a2b3c4d5e6f7a8b |" in text
+    assert "Not every number below was measured at the environment record's state" in text
+
+
+def test_summary_flags_stages_on_different_sources(gpu_tree):
+    restamp(gpu_tree, "good", dirty=True)
+    bench = gpu_tree / "bench" / "good.json"
+    write_json(bench, stamped(read_json(bench), dirty=True, sources="ffffffffffffffff"))
+    leaderboard = report.build_leaderboard(gpu_tree, ["good"], CFG, [s.label for s in SUITE])
+    assert any("ran on different sources" in note and "ffffffffffffffff" in note for note in leaderboard["state_notes"])
+
+
+def test_results_from_another_card_model_are_flagged_and_fail_the_gates(gpu_tree):
+    env = read_json(gpu_tree / "env" / "environment.json")
+    write_json(gpu_tree / "env" / "environment.json", {**env, "card": H100_CARD})
+    restamp(gpu_tree, "good", dirty=True, card=H200_CARD)
+    leaderboard = report.build_leaderboard(gpu_tree, ["bad", "good"], CFG, [s.label for s in SUITE])
+    assert leaderboard["card_mismatches"] == [
+        f"good {stage} was measured on NVIDIA H200 ({H200_CARD['uuid']}), the environment record on "
+        f"{H100} ({H100_CARD['uuid']})" for stage in ("bench", "ncu")]
+    assert "Results from different cards are combined here" in report.render(leaderboard)
+    failures = gates.evaluate(leaderboard, {"required_variants": [], "min_speedup": None})
+    assert len(failures) == 2 and failures[0].startswith("mixed cards: good bench was measured on NVIDIA H200")
+
+
+def test_another_card_of_the_same_model_is_not_a_mismatch(gpu_tree):
+    env = read_json(gpu_tree / "env" / "environment.json")
+    write_json(gpu_tree / "env" / "environment.json", {**env, "card": H100_CARD})
+    restamp(gpu_tree, "good", dirty=True, card={**H100_CARD, "uuid": "GPU-other"})
+    leaderboard = report.build_leaderboard(gpu_tree, ["good"], CFG, [s.label for s in SUITE])
+    assert leaderboard["card_mismatches"] == []
+    assert by_name(leaderboard)["good"]["cards"]["bench"]["uuid"] == "GPU-other"
+
+
+def test_a_damaged_result_stops_the_summary_with_one_line_naming_it(gpu_tree):
+    parity = gpu_tree / "parity" / "good.json"
+    parity.write_text(parity.read_text()[:200])
+    with pytest.raises(StageError) as excinfo:
+        report.build_leaderboard(gpu_tree, ["good"], CFG, [s.label for s in SUITE])
+    message = str(excinfo.value)
+    assert "\n" not in message
+    assert message.startswith(f"{parity}: not valid JSON (")
+    assert f"--forcerun {parity}" in message
+
+
+def test_imports_cache_reparses_only_an_edited_file(tmp_path, monkeypatch):
+    from evo_sdpa import deps
+
+    source = tmp_path / "run_x.py"
+    source.write_text("from evo_sdpa.io import read_json\n")
+    cache = deps.ImportsCache(tmp_path / "imports.json")
+    assert cache.imports(source, False) == ["io"]
+    cache.save()
+    again = deps.ImportsCache(tmp_path / "imports.json")
+    monkeypatch.setattr(deps, "_parse_imports", lambda *a: pytest.fail("an unchanged file was parsed"))
+    assert again.imports(source, False) == ["io"]
+    monkeypatch.undo()
+    source.write_text("from evo_sdpa.io import read_json\nfrom evo_sdpa.report import render\n")
+    assert again.imports(source, False) == ["io", "report"]
+    (tmp_path / "imports.json").write_text("{damaged")
+    assert deps.ImportsCache(tmp_path / "imports.json").imports(source, False) == ["io", "report"]

@@ -337,12 +337,16 @@ def test_verdict_fails_when_success_reports_no_kernels() -> None:
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not on PATH")
 def test_v1_scalar_builds_clean_for_sm90a(tmp_path: Path) -> None:
+    from evo_sdpa.tunables import defaults, define_flags
+    from evo_sdpa.variants import load_variant
+
+    v1 = load_variant(REPO / "kernels" / "v1_scalar")
     command = compile_command(
         "nvcc",
         ["kernels/v1_scalar/kernel.cu"],
         str(tmp_path / "v1_scalar.so"),
         arch_gencode("9.0"),
-        ["-O3", "-std=c++17"],
+        ["-O3", "-std=c++17", *define_flags(v1, defaults(v1))],  # its tunables, as the build passes them
         ["kernels/common"],
     )
     returncode, log_text = run_compile(command, cwd=str(REPO))

@@ -23,6 +23,8 @@ import yaml
 
 from evo_sdpa.inputs import make_qkv, poisoned_like, reference
 from evo_sdpa.tolerance import error_stats
+from evo_sdpa.tunables import defaults
+from evo_sdpa.variants import load_variant
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANT_DIR = REPO / "kernels" / "triton_flash"
@@ -45,6 +47,13 @@ kernel = _load_kernel()
 if not kernel._INTERPRETER:
     pytest.skip("triton was imported before TRITON_INTERPRET=1 could be set", allow_module_level=True)
 
+# The launch configuration the pipeline runs: variant.yaml's tunables, its one home.
+TUNABLES = defaults(load_variant(VARIANT_DIR))
+
+
+def forward(q, k, v, out, causal, scale, tunables=TUNABLES):
+    kernel.forward(q, k, v, out, causal, scale, tunables=tunables)
+
 
 def _sdpa_err(q, k, v, causal, scale, ref):
     sdpa_out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale)
@@ -61,7 +70,7 @@ def test_parity_with_sdpa_level_error(dtype, head_dim, causal, distribution):
                            distribution=distribution)
         scale = 1.0 / math.sqrt(head_dim)
         out = poisoned_like(q)
-        kernel.forward(q, k, v, out, causal, scale)
+        forward(q, k, v, out, causal, scale)
 
         ref = reference(q, k, v, causal, scale)
         err = error_stats(out, ref)
@@ -90,12 +99,12 @@ def test_deterministic_and_reads_nothing_past_the_inputs(causal):
     _, v_g = guarded(v, float("nan"))
     out_storage, out = guarded(q, 12345.0)
     out.fill_(float("nan"))
-    kernel.forward(q, k_g, v_g, out, causal, 0.125)
+    forward(q, k_g, v_g, out, causal, 0.125)
     assert torch.all(out_storage[numel:] == 12345.0), "wrote past the last row of out"
     assert torch.isfinite(out).all()
 
     again = poisoned_like(q)
-    kernel.forward(q, k, v, again, causal, 0.125)
+    forward(q, k, v, again, causal, 0.125)
     assert torch.equal(out, again), "two runs on the same input differ"
 
 
@@ -103,20 +112,19 @@ def test_causal_first_row_is_first_value_row():
     """Query 0 sees only key 0, so its output is v[..., 0, :] exactly (softmax of one score)."""
     q, k, v = make_qkv(2, 2, 130, 128, torch.float16, "cpu", seed=3, distribution="large")
     out = poisoned_like(q)
-    kernel.forward(q, k, v, out, True, 0.1)
+    forward(q, k, v, out, True, 0.1)
     assert torch.equal(out[:, :, 0, :], v[:, :, 0, :])
 
 
 @pytest.mark.parametrize("block_m,block_n", [(128, 64), (64, 128), (32, 16)])
-def test_other_tile_shapes(monkeypatch, block_m, block_n):
+def test_other_tile_shapes(block_m, block_n):
     """Other tiles: BLOCK_M > BLOCK_N (rows fully masked in the second diagonal block),
     BLOCK_N > BLOCK_M (the diagonal block starts before the tile), small tiles."""
-    monkeypatch.setitem(kernel.LAUNCH_CONFIGS, 64,
-                        {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2})
+    tunables = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
     for causal in (False, True):
         q, k, v = make_qkv(1, 2, 150, 64, torch.float16, "cpu", seed=11)
         out = poisoned_like(q)
-        kernel.forward(q, k, v, out, causal, 0.125)
+        forward(q, k, v, out, causal, 0.125, tunables)
         ref = reference(q, k, v, causal, 0.125)
         err = error_stats(out, ref)["max_abs"]
         assert err <= 1.5 * _sdpa_err(q, k, v, causal, 0.125, ref) + ULP_FLOOR["fp16"]
@@ -127,7 +135,7 @@ def test_large_sequence_time_under_interpreter():
     q, k, v = make_qkv(1, 1, 1000, 128, torch.bfloat16, "cpu", seed=5)
     out = poisoned_like(q)
     start = time.perf_counter()
-    kernel.forward(q, k, v, out, False, 128**-0.5)
+    forward(q, k, v, out, False, 128**-0.5)
     elapsed_s = time.perf_counter() - start
     ref = reference(q, k, v, False, 128**-0.5)
     assert error_stats(out, ref)["max_abs"] <= 1.5 * _sdpa_err(q, k, v, False, 128**-0.5, ref) + ULP_FLOOR["bf16"]
@@ -156,29 +164,55 @@ def test_rejects_unsupported_inputs(problem):
     elif problem == "three_dims":
         q, k, v, out = (t[0] for t in (q, k, v, out))
     with pytest.raises(ValueError):
-        kernel.forward(q, k, v, out, False, 0.125)
+        forward(q, k, v, out, False, 0.125)
 
 
 def test_compiled_resources_empty_under_interpreter():
     q, k, v, out = _qkv_out()
-    kernel.forward(q, k, v, out, True, 0.125)
+    forward(q, k, v, out, True, 0.125)
     assert kernel.compiled_resources() == []
 
 
-def test_metadata_matches_launch_table():
-    from evo_sdpa.variants import load_variant
+def test_metadata_declares_the_launch_configuration():
+    """variant.yaml's tunables are exactly the launch arguments forward() takes; kernel.py holds
+    no default of its own."""
+    import re
 
     variant = load_variant(VARIANT_DIR)
     assert variant.kind == "triton" and variant.name == "triton_flash"
-    assert sorted(variant.support["head_dims"]) == sorted(kernel.LAUNCH_CONFIGS)
-    tunables = yaml.safe_load((VARIANT_DIR / "variant.yaml").read_text())["tunables"]
-    for head_dim, config in kernel.LAUNCH_CONFIGS.items():
-        for knob, value in config.items():
-            default = tunables[knob]["default"]
-            if isinstance(default, dict):
-                default = default[str(head_dim)]
-            assert value == default, f"D={head_dim} {knob}: kernel.py {value}, variant.yaml {default}"
-            assert value in tunables[knob]["values"]
-    import re
-
+    assert sorted(variant.support["head_dims"]) == sorted(kernel.HEAD_DIMS)
+    assert tuple(variant.meta["tunables"]) == kernel.TUNABLES
+    assert kernel.launch_config(TUNABLES) == TUNABLES
     assert re.search(variant.kernel_regex, kernel._triton_flash_fwd.fn.__name__)
+
+
+@pytest.mark.parametrize("tunables,match", [
+    (None, "variant.yaml"),
+    ({"BLOCK_M": 64}, "exactly BLOCK_M, BLOCK_N, num_warps, num_stages"),
+    ({"BLOCK_M": 48, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}, "BLOCK_M must be a power of two"),
+])
+def test_forward_needs_a_valid_launch_configuration(tunables, match):
+    q, k, v, out = _qkv_out()
+    with pytest.raises(ValueError, match=match):
+        kernel.forward(q, k, v, out, False, 0.125, tunables=tunables)
+
+
+def test_the_runner_passes_variant_yaml_tunables_and_the_build_records_them():
+    """The pipeline's forward is the kernel's with variant.yaml's tunables bound (or a candidate's
+    overrides, checked against the declared values); the build verdict records what it built with."""
+    from evo_sdpa.build import build_triton
+    from evo_sdpa.errors import StageError
+    from evo_sdpa.runners import load_built, load_forward
+
+    variant = load_variant(VARIANT_DIR)
+    assert load_forward(variant, None).keywords == {"tunables": TUNABLES}
+    override = load_forward(variant, None, {"BLOCK_N": 32}).keywords["tunables"]
+    assert override == {**TUNABLES, "BLOCK_N": 32}
+    with pytest.raises(StageError, match="BLOCK_N=48 is not one of its declared values"):
+        load_forward(variant, None, {"BLOCK_N": 48})
+    verdict, _, _ = build_triton(variant, allow_spills=False, tunable_values={"num_stages": 2})
+    assert verdict["status"] == "pass" and verdict["tunables"] == {**TUNABLES, "num_stages": 2}
+    forward = load_built(variant, verdict)
+    q, k, v, out = _qkv_out((1, 2, 40, 64))
+    forward(q, k, v, out, True, 0.125)
+    assert torch.isfinite(out).all()

@@ -20,10 +20,18 @@ VARIANTS = tuple(sorted(KINDS))
 CHAIN = ("build_variant", "sanitizer", "parity", "bench", "ncu", "analysis")
 
 
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(root), *args], check=True, capture_output=True, text=True).stdout
+
+
 @pytest.fixture(scope="module")
 def finished_run(tmp_path_factory) -> Path:
-    """The whole DAG run once on the small CPU config in a copy of the repository."""
+    """The whole DAG run once on the small CPU config in a copy of the repository, committed to a
+    git repository of its own (so a kernel edit makes it dirty)."""
     root = copy_tree(tmp_path_factory.mktemp("evo"))
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "-c", "user.email=test@evo-sdpa", "-c", "user.name=test", "commit", "-qm", "the tree under test")
     snakemake(root, "--cores", "2", "results/final/final_summary.md", "--configfile", "config/test.yaml")
     return root
 
@@ -50,6 +58,14 @@ def test_one_variant_chain_to_its_profile(tmp_path):
         "build_variant", "sanitizer", "parity", "bench", "ncu"}
     assert not any(variant == "triton_flash" for _, variant in jobs)
     assert ("final_summary", "") not in jobs
+
+
+def test_evolve_target_runs_after_the_variants_chain(tmp_path):
+    jobs = planned_jobs(copy_tree(tmp_path), "results/evolve/v4_pipelined/best.json")
+    assert {rule for rule, variant in jobs if variant == "v4_pipelined"} == set(CHAIN) | {"evolve"}
+    assert ("env_capture", "") in jobs and ("final_summary", "") not in jobs
+    (tmp_path / "all").mkdir()
+    assert not any(rule == "evolve" for rule, _ in planned_jobs(copy_tree(tmp_path / "all")))
 
 
 def one_line_error(proc: subprocess.CompletedProcess) -> str:
@@ -145,6 +161,28 @@ def test_library_edit_reruns_the_stages_that_import_it(run_copy):
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def test_evolve_without_a_gpu_checks_the_first_generation_and_says_why(run_copy):
+    """Only the evolve job runs after the finished chain; it builds the first generation around
+    the defaults, writes best.json as not run (no number invented) and an empty curve."""
+    proc = snakemake(run_copy, "--cores", "2", "results/evolve/v1_scalar/best.json", "--configfile", "config/test.yaml")
+    assert "rule evolve:" in proc.stderr and "rule build_variant:" not in proc.stderr
+    assert ("evo-sdpa: evolve v1_scalar: not run: no CUDA device on this host (the search gates and times its "
+            "candidates on a GPU); checked the tunables and that the first generation builds (3 pass)") in proc.stderr
+    best = json.loads((run_copy / "results/evolve/v1_scalar/best.json").read_text())
+    assert best["status"] == "skipped" and best["winner"] is None
+    assert best["reasons"] == ["not run: no CUDA device on this host (the search gates and times its candidates on a GPU)"]
+    rows = best["checked"]["first_generation"]
+    assert len(rows) == 3 and rows[0]["origin"] == "defaults" and best["checked"]["builds"] == {"pass": 3}
+    assert all(len(row["changed"]) in (1, 2) for row in rows[1:])
+    built = json.loads((run_copy / "results/evolve/v1_scalar/candidates" / rows[1]["id"] / "build/verdict.json").read_text())
+    knob, (_, value) = next(iter(rows[1]["changed"].items()))
+    assert built["tunables"][knob] == value and f"-DV1_SCALAR_WARPS_PER_BLOCK={value}" in built["command"]
+    curve = json.loads((run_copy / "results/evolve/v1_scalar/curve.json").read_text())
+    assert curve["sdpa"] == 1.0 and curve["generations"] == []
+    assert planned_jobs(run_copy, "results/evolve/v1_scalar/best.json") == set()
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 def test_compile_error_is_a_verdict_with_the_first_error(tmp_path):
     root = copy_tree(tmp_path)
     kernel = root / "kernels/v1_scalar/kernel.cu"
@@ -181,3 +219,94 @@ def test_stage_that_cannot_reach_a_verdict_shows_its_line_and_leaves_nothing(tmp
     assert "evo-sdpa: nvcc not found on PATH" in proc.stdout + proc.stderr
     assert not (root / "results/build/v1_scalar").exists()
     assert "nvcc not found" in (root / "results/logs/build/v1_scalar.log").read_text()
+
+
+# ---------------------------------------------------------------- what a new user hits (issue 12)
+
+
+def test_every_stage_stamps_where_it_ran(finished_run):
+    head = git(finished_run, "rev-parse", "HEAD").strip()
+    results = finished_run / "results"
+    for variant in VARIANTS:
+        records = {stage: json.loads(path.read_text()) for stage, path in {
+            "build": results / "build" / variant / "verdict.json",
+            "sanitizer": results / "sanitizer" / variant / "verdict.json",
+            "parity": results / "parity" / f"{variant}.json",
+            "bench": results / "bench" / f"{variant}.json",
+            "ncu": results / "nsight" / variant / "status.json"}.items()}
+        digests = {stage: record["measured_at"]["sources"] for stage, record in records.items()}
+        assert len(set(digests.values())) == 1 and None not in digests.values(), (variant, digests)
+        for stage, record in records.items():
+            assert record["measured_at"]["git"] == {"commit": head, "dirty": False}, (variant, stage)
+    env = json.loads((results / "env" / "environment.json").read_text())
+    assert env["card"] == {"name": "cpu", "uuid": None, "compute_capability": None}
+    baseline = json.loads((results / "baseline" / "sdpa.json").read_text())
+    assert baseline["measured_at"]["card"]["name"] == "cpu" and baseline["rel_spread_bound"] == 0.2
+
+
+def test_cpu_summary_claims_only_what_was_checked(finished_run):
+    leaderboard = json.loads((finished_run / "results/final/leaderboard.json").read_text())
+    summary = (finished_run / "results/final/final_summary.md").read_text()
+    for entry in leaderboard["variants"]:
+        criteria = {c["criterion"]: c["result"] for c in entry["criteria"]}
+        assert criteria["correct on its whole declared support (parity)"] == "not checked", entry["name"]
+        assert entry["fell_out_at"] is None, "nothing failed on this host"
+        assert "sanitizer" in entry["not_run_here"]
+        if KINDS[entry["name"]] == "triton":
+            assert criteria["builds without warnings or spills"] == "not checked"
+    assert "fell out" not in summary and "stopped at" not in summary
+    assert len(summary.split("## What could not run here")[1].strip().splitlines()) == len(set(
+        summary.split("## What could not run here")[1].strip().splitlines()))
+
+
+def test_kernel_edit_and_rerun_shows_the_state_it_was_measured_at(run_copy):
+    """The environment record (clean) does not rerun for a kernel edit; the summary prints the
+    edited variant's own state (dirty) and says it differs."""
+    edit(run_copy / "kernels/v1_scalar/kernel.cu")
+    snakemake(run_copy, "--cores", "2", "results/final/final_summary.md", "--configfile", "config/test.yaml")
+    leaderboard = json.loads((run_copy / "results/final/leaderboard.json").read_text())
+    assert leaderboard["git"]["dirty"] is False, "the environment record was not rerun"
+    states = {e["name"]: e["measured_at"] for e in leaderboard["variants"]}
+    assert [s["dirty"] for s in states["v1_scalar"]] == [True]
+    assert all(s["dirty"] is False for s in states["v2_tiled"])
+    summary = (run_copy / "results/final/final_summary.md").read_text()
+    assert any(line.startswith("- v1_scalar: measured at git ") and "(dirty)" in line and "(clean)" in line
+               for line in summary.splitlines())
+    v1_row = next(line for line in summary.splitlines() if line.startswith("| v1_scalar |"))
+    assert "(dirty)" in v1_row
+
+
+def test_ncu_that_cannot_run_says_why_on_the_console(run_copy):
+    proc = snakemake(run_copy, "--cores", "1", "results/nsight/v1_scalar/report.csv", "--configfile",
+                     "config/test.yaml", "--forcerun", "ncu")
+    assert proc.returncode == 0
+    assert ("evo-sdpa: ncu v1_scalar: not profiled: no CUDA device on this host; "
+            "results/nsight/v1_scalar/report.csv is left empty "
+            "(the reason is in results/nsight/v1_scalar/status.json)") in proc.stderr
+    assert (run_copy / "results/nsight/v1_scalar/report.csv").read_text() == ""
+
+
+def test_damaged_result_is_one_line_and_the_previous_summary_stays(run_copy):
+    summary = run_copy / "results/final/final_summary.md"
+    before = summary.read_text()
+    parity = run_copy / "results/parity/triton_flash.json"
+    parity.write_text(parity.read_text()[:100])
+    proc = snakemake(run_copy, "--cores", "1", "results/final/final_summary.md", "--configfile", "config/test.yaml",
+                     "--allowed-rules", "final_summary", "--forcerun", "final_summary", check=False)
+    assert proc.returncode != 0
+    line = one_line_error(proc)
+    assert line.startswith("evo-sdpa: results/parity/triton_flash.json: not valid JSON (")
+    assert line.endswith("--forcerun results/parity/triton_flash.json")
+    assert summary.read_text() == before, "the last good summary is kept"
+
+
+def test_deleted_intermediate_warns_with_the_command_that_rebuilds_it(run_copy):
+    (run_copy / "results/parity/v1_scalar.json").unlink()
+    proc = snakemake(run_copy, "-n", "results/final/final_summary.md", "--configfile", "config/test.yaml")
+    assert "Nothing to be done" in proc.stdout + proc.stderr, "Snakemake 9 does not rebuild it by itself"
+    hint = [line for line in proc.stderr.splitlines() if line.startswith("evo-sdpa: ")]
+    assert hint == ["evo-sdpa: results/parity/v1_scalar.json is missing but results/final/final_summary.md "
+                    "exists, so Snakemake will not rebuild it on its own; rebuild it: snakemake --cores 1 "
+                    "results/final/final_summary.md --forcerun results/parity/v1_scalar.json"]
+    jobs = planned_jobs(run_copy, "results/final/final_summary.md", "--forcerun", "results/parity/v1_scalar.json")
+    assert {("parity", "v1_scalar"), ("bench", "v1_scalar"), ("final_summary", "")} <= jobs

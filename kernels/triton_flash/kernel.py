@@ -10,7 +10,7 @@ multiply).
 Layout: contiguous [B, H, S, D] tensors, query length == key length == S, fp16 or bf16,
 head dim 64 or 128, causal (query i sees keys j <= i) or not, any S >= 1.
 
-Entry points: ``forward(q, k, v, out, causal, scale)`` and ``compiled_resources()``.
+Entry points: ``forward(q, k, v, out, causal, scale, tunables=...)`` and ``compiled_resources()``.
 Runs on a GPU, or on CPU tensors under the Triton interpreter (``TRITON_INTERPRET=1`` set
 before ``import triton``).
 """
@@ -18,6 +18,7 @@ before ``import triton``).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import torch
 import triton
@@ -25,9 +26,11 @@ import triton.language as tl
 
 LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * LOG2_E)
 
-# Launch configuration per head dim; no autotune, so every run times the same kernel.
-# 64x64 tiles, 4 warps (one warpgroup: one wgmma M=64 tile), 3 stages, for both head dims.
-# Hand sweep on one H200 (triton 3.6, fp16, do_bench; graph replay for S=512), us per call:
+# The launch configuration comes from variant.yaml (`tunables:`, the one home of its defaults):
+# the runner passes it as forward's `tunables` (BLOCK_M, BLOCK_N, num_warps, num_stages); no
+# autotune, so every run times the same kernel. The defaults, 64x64 tiles, 4 warps (one
+# warpgroup: one wgmma M=64 tile), 3 stages for both head dims, came from this hand sweep on one
+# H200 (triton 3.6, fp16, do_bench; graph replay for S=512), us per call:
 #   shape B,H,S,D,causal   128x64 4w  64x64 4w  128x64 8w  64x128 4w  128x128 8w   SDPA
 #   1,8,512,64,no              10.4       6.5        9.1        6.6         9.5     9.0
 #   8,16,1024,64,no           109.2      99.4       98.1      110.6       123.6    85.5
@@ -39,10 +42,8 @@ LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * LOG2_E)
 #   (* spills). 64-row tiles double the programs (small grids fill more SMs, the causal
 #   triangle balances better) at 119-168 registers and 56 KiB (D=64) / 112 KiB (D=128) of
 #   shared memory; 128x64 at 8 warps is 10% faster only on the largest non-causal D=128 shape.
-LAUNCH_CONFIGS: dict[int, dict[str, int]] = {
-    64: {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-    128: {"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3},
-}
+TUNABLES = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+HEAD_DIMS = (64, 128)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -208,8 +209,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
         raise ValueError(f"q, k, v and out must share a dtype; got {q.dtype}, {k.dtype}, "
                          f"{v.dtype}, {out.dtype}")
     batch, heads, seq_len, head_dim = q.shape
-    if head_dim not in LAUNCH_CONFIGS:
-        raise ValueError(f"head dim {head_dim} unsupported; supported: {sorted(LAUNCH_CONFIGS)}")
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head dim {head_dim} unsupported; supported: {list(HEAD_DIMS)}")
     if batch < 1 or heads < 1 or seq_len < 1:
         raise ValueError(f"empty shape {tuple(q.shape)}")
     if batch * heads > 65535:
@@ -219,14 +220,29 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
                          "importing triton)")
 
 
+def launch_config(tunables: Mapping[str, int] | None) -> dict[str, int]:
+    """The launch configuration forward() was given: exactly TUNABLES, tiles powers of two >= 16."""
+    if tunables is None:
+        raise ValueError("forward() needs tunables= (BLOCK_M, BLOCK_N, num_warps, num_stages: "
+                         "kernels/triton_flash/variant.yaml's `tunables`, which the runner passes)")
+    if set(tunables) != set(TUNABLES):
+        raise ValueError(f"tunables must be exactly {', '.join(TUNABLES)}; got {', '.join(sorted(tunables))}")
+    config = {name: int(tunables[name]) for name in TUNABLES}
+    for name in ("BLOCK_M", "BLOCK_N"):
+        if config[name] < 16 or config[name] & (config[name] - 1):
+            raise ValueError(f"{name} must be a power of two >= 16, got {config[name]}")
+    return config
+
+
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-            causal: bool, scale: float) -> None:
-    """Write softmax(q k^T * scale, causal mask if causal) v into the preallocated ``out``."""
+            causal: bool, scale: float, tunables: Mapping[str, int] | None = None) -> None:
+    """Write softmax(q k^T * scale, causal mask if causal) v into the preallocated ``out``,
+    launched with ``tunables`` (variant.yaml's launch configuration)."""
     _check_inputs(q, k, v, out)
     if not math.isfinite(scale):
         raise ValueError(f"scale must be finite, got {scale}")
     batch, heads, seq_len, head_dim = q.shape
-    config = LAUNCH_CONFIGS[head_dim]
+    config = launch_config(tunables)
     grid = (triton.cdiv(seq_len, config["BLOCK_M"]), batch * heads)
     compiled = _triton_flash_fwd[grid](
         q, k, v, out, seq_len, scale * LOG2_E,
@@ -264,5 +280,6 @@ def compiled_resources() -> list[dict]:
                        "dtype": dtype},
             # a sequence length that compiled it (Triton specialises S == 1 and S % 16 == 0)
             "first_seq_len": seq_len,
+            "tunables": dict(config),  # the launch configuration it was compiled for
         })
     return resources

@@ -13,7 +13,7 @@
 #include "row_indexing.cuh"
 
 #ifndef V1_SCALAR_WARPS_PER_BLOCK
-#define V1_SCALAR_WARPS_PER_BLOCK 4
+#error "V1_SCALAR_WARPS_PER_BLOCK undefined: the build passes it from variant.yaml (tunables.warps_per_block)"
 #endif
 
 namespace v1_scalar {

@@ -22,13 +22,13 @@
 #include "tile_io.cuh"
 
 #ifndef V2_TILED_BLOCK_M
-#define V2_TILED_BLOCK_M 64
+#error "V2_TILED_BLOCK_M undefined: the build passes it from variant.yaml (tunables.BLOCK_M)"
 #endif
 #ifndef V2_TILED_BLOCK_N_D64
-#define V2_TILED_BLOCK_N_D64 64
+#error "V2_TILED_BLOCK_N_D64 undefined: the build passes it from variant.yaml (tunables.BLOCK_N_D64)"
 #endif
 #ifndef V2_TILED_BLOCK_N_D128
-#define V2_TILED_BLOCK_N_D128 32
+#error "V2_TILED_BLOCK_N_D128 undefined: the build passes it from variant.yaml (tunables.BLOCK_N_D128)"
 #endif
 
 namespace v2_tiled {

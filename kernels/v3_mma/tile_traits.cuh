@@ -11,11 +11,11 @@
 #include <cstring>  // memcpy
 
 #ifndef V3_MMA_BLOCK_N
-#define V3_MMA_BLOCK_N 64
+#error "V3_MMA_BLOCK_N undefined: the build passes it from variant.yaml (tunables.block_n)"
 #endif
 
 #ifndef V3_MMA_MIN_CTAS_D64
-#define V3_MMA_MIN_CTAS_D64 3
+#error "V3_MMA_MIN_CTAS_D64 undefined: the build passes it from variant.yaml (tunables.min_ctas_d64)"
 #endif
 
 namespace v3_mma {

@@ -35,6 +35,8 @@ from evo_sdpa.runners import sdpa_call  # noqa: E402
 from evo_sdpa.shapes import Shape, torch_dtype  # noqa: E402
 from evo_sdpa.stats import tflops  # noqa: E402
 from evo_sdpa.timing import time_shape  # noqa: E402
+from evo_sdpa.tunables import define_flags, resolve, split_define_flags  # noqa: E402
+from evo_sdpa.variants import load_variant  # noqa: E402
 
 BUILD_DIR = Path("/tmp/v4_ab_sweep")
 
@@ -59,6 +61,10 @@ CHECK_CASES = [
 
 
 def build(name: str, flags: list[str], sources_dir: Path, gencode: str) -> dict:
+    # every tunable's -D from variant.yaml (a -D of a tunable's macro in `flags` overrides it)
+    variant = load_variant(sources_dir)
+    overrides, flags = split_define_flags(variant, flags)
+    flags = define_flags(variant, resolve(variant, overrides)) + flags
     out = BUILD_DIR / f"lib{name}.so"
     argv = ["nvcc", "-O3", "-std=c++17", *ALWAYS_FLAGS, gencode, f"-I{REPO / 'kernels/common'}",
             f"-I{sources_dir}", *flags, str(sources_dir / "kernel.cu"), "-o", str(out)]

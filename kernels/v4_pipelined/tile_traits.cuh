@@ -12,36 +12,36 @@
 #include <cstring>  // memcpy
 
 #ifndef V4_PIPELINED_BLOCK_N
-#define V4_PIPELINED_BLOCK_N 64
+#error "V4_PIPELINED_BLOCK_N undefined: the build passes it from variant.yaml (tunables.block_n)"
 #endif
 
 // Shared-memory stages of the K/V ring (2 or 3): tiles t+1 .. t+kStages-1 load while tile t is
 // multiplied.
 #ifndef V4_PIPELINED_STAGES
-#define V4_PIPELINED_STAGES 3
+#error "V4_PIPELINED_STAGES undefined: the build passes it from variant.yaml (tunables.stages)"
 #endif
 
 // 1: at D=64, grids of at most one CTA per SM run with two key groups (8 warps per CTA).
 #ifndef V4_PIPELINED_KEY_SPLIT
-#define V4_PIPELINED_KEY_SPLIT 1
+#error "V4_PIPELINED_KEY_SPLIT undefined: the build passes it from variant.yaml (tunables.key_split)"
 #endif
 
 // Row warps per CTA at D=128: 4 (64 query rows) or 8 (128).
 #ifndef V4_PIPELINED_ROW_WARPS_D128
-#define V4_PIPELINED_ROW_WARPS_D128 4
+#error "V4_PIPELINED_ROW_WARPS_D128 undefined: the build passes it from variant.yaml (tunables.row_warps_d128)"
 #endif
 
 // A/B knobs (see NOTES.md): 1 = ask for the max-shared carveout; 1 = issue the refill of the
 // ring after S = Q K^T instead of before it.
 #ifndef V4_PIPELINED_CARVEOUT_HINT
-#define V4_PIPELINED_CARVEOUT_HINT 1
+#error "V4_PIPELINED_CARVEOUT_HINT undefined: the build passes it from variant.yaml (tunables.carveout_hint)"
 #endif
 #ifndef V4_PIPELINED_ISSUE_AFTER_SCORES
-#define V4_PIPELINED_ISSUE_AFTER_SCORES 0
+#error "V4_PIPELINED_ISSUE_AFTER_SCORES undefined: the build passes it from variant.yaml (tunables.issue_after_scores)"
 #endif
 
 #ifndef V4_PIPELINED_MIN_CTAS_D64
-#define V4_PIPELINED_MIN_CTAS_D64 3
+#error "V4_PIPELINED_MIN_CTAS_D64 undefined: the build passes it from variant.yaml (tunables.min_ctas_d64)"
 #endif
 
 namespace v4_pipelined {

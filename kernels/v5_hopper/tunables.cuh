@@ -1,34 +1,45 @@
-// Compile-time knobs. Their defaults and ranges live in variant.yaml (`tunables:`), which the
-// build passes as -D flags; the fallbacks here only keep a hand-run nvcc working.
+// Compile-time knobs. Their values live in variant.yaml (`tunables:`), the one home of each
+// default and range: the build passes every one as -D<define>=<value>, and a missing macro
+// stops the compile here rather than falling back on a second copy of the default.
 #pragma once
 
+// keys per pipeline stage
 #ifndef V5_HOPPER_BLOCK_N
-#define V5_HOPPER_BLOCK_N 128            // keys per pipeline stage
+#error "V5_HOPPER_BLOCK_N undefined: the build passes it from variant.yaml (tunables.block_n)"
 #endif
+// keys per stage at D=128, non-causal
 #ifndef V5_HOPPER_BLOCK_N_D128_FULL
-#define V5_HOPPER_BLOCK_N_D128_FULL 128  // keys per stage at D=128, non-causal
+#error "V5_HOPPER_BLOCK_N_D128_FULL undefined: the build passes it from variant.yaml (tunables.block_n_d128_full)"
 #endif
+// query rows per CTA at D=64, non-causal (192 spills: NOTES.md, run 4)
 #ifndef V5_HOPPER_BLOCK_M_D64_FULL
-#define V5_HOPPER_BLOCK_M_D64_FULL 128   // query rows per CTA at D=64, non-causal (192 spills: NOTES.md, run 4)
+#error "V5_HOPPER_BLOCK_M_D64_FULL undefined: the build passes it from variant.yaml (tunables.block_m_d64_full)"
 #endif
+// query rows per CTA at D=64, causal
 #ifndef V5_HOPPER_BLOCK_M_D64_CAUSAL
-#define V5_HOPPER_BLOCK_M_D64_CAUSAL 128 // query rows per CTA at D=64, causal
+#error "V5_HOPPER_BLOCK_M_D64_CAUSAL undefined: the build passes it from variant.yaml (tunables.block_m_d64_causal)"
 #endif
+// K and V ring depth
 #ifndef V5_HOPPER_STAGES
-#define V5_HOPPER_STAGES 2               // K and V ring depth
+#error "V5_HOPPER_STAGES undefined: the build passes it from variant.yaml (tunables.stages)"
 #endif
+// ring depth at D=64 (tiles are half the bytes)
 #ifndef V5_HOPPER_STAGES_D64
-#define V5_HOPPER_STAGES_D64 V5_HOPPER_STAGES   // ring depth at D=64 (tiles are half the bytes)
+#error "V5_HOPPER_STAGES_D64 undefined: the build passes it from variant.yaml (tunables.stages_d64)"
 #endif
+// consumer warp groups take turns issuing their products
 #ifndef V5_HOPPER_PINGPONG
-#define V5_HOPPER_PINGPONG 1             // consumer warp groups take turns issuing their products
+#error "V5_HOPPER_PINGPONG undefined: the build passes it from variant.yaml (tunables.pingpong)"
 #endif
+// exp2 as one ex2.approx.ftz (no subnormal fix-up around it)
 #ifndef V5_HOPPER_FAST_EXP2
-#define V5_HOPPER_FAST_EXP2 1            // exp2 as one ex2.approx.ftz (no subnormal fix-up around it)
+#error "V5_HOPPER_FAST_EXP2 undefined: the build passes it from variant.yaml (tunables.fast_exp2)"
 #endif
+// grid of one CTA per SM walking the tiles: 0 never, 1 always, 2 from MIN_WAVES
 #ifndef V5_HOPPER_PERSISTENT
-#define V5_HOPPER_PERSISTENT 0           // grid of one CTA per SM walking the tiles: 0 never, 1 always, 2 from MIN_WAVES
+#error "V5_HOPPER_PERSISTENT undefined: the build passes it from variant.yaml (tunables.persistent)"
 #endif
+// persistent once there are this many tiles per SM
 #ifndef V5_HOPPER_PERSISTENT_MIN_WAVES
-#define V5_HOPPER_PERSISTENT_MIN_WAVES 3 // persistent once there are this many tiles per SM
+#error "V5_HOPPER_PERSISTENT_MIN_WAVES undefined: the build passes it from variant.yaml (tunables.persistent_min_waves)"
 #endif

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from . import nvcc as nvcc_lib
 from . import sass as sass_lib
+from . import tunables as tunables_lib
 from .device import NO_DEVICE_REASON, cuda_available, require_tool
 from .errors import StageError
 from .variants import KERNELS_DIR, REPO, SHARED_DIR, Variant
@@ -32,6 +33,22 @@ def below_min_cc(variant: Variant, cc: str) -> str | None:
     if cc_tuple(cc) < cc_tuple(need):
         return f"the target's compute capability {cc} is below the variant's minimum {need}"
     return None
+
+
+def build_variant(variant: Variant, cc: str, outdir: Path, cutlass_include: str | None = None,
+                  tunable_values: dict[str, int] | None = None) -> tuple[dict, list[dict], str]:
+    """The build stage's (verdict, per-kernel resources, compiler log) for a variant of either
+    kind, with its tunables (defaults unless overridden); skipped below its minimum capability."""
+    skip = below_min_cc(variant, cc)
+    if skip:
+        verdict, resources, text = {"status": "skipped", "reasons": [skip], "artifact": None,
+                                    "tunables": tunables_lib.resolve(variant, tunable_values)}, [], skip
+    elif variant.kind == "cuda":
+        verdict, resources, text = build_cuda(variant, cc, outdir, cutlass_include, tunable_values)
+    else:
+        verdict, resources, text = build_triton(variant, variant.meta["build"]["allow_spills"], tunable_values)
+    verdict.update(variant=variant.name, kind=variant.kind, compute_capability=cc)
+    return verdict, resources, text
 
 
 # --- header libraries a variant may require (build.requires) -------------------------------
@@ -139,13 +156,18 @@ def step_record(step: Step) -> dict:
     return {"seconds": round(step.seconds, 2), "returncode": step.returncode, "command": step.command}
 
 
-def build_cuda(variant: Variant, cc: str, outdir: Path,
-               cutlass_include: str | None = None) -> tuple[dict, list[dict], str]:
+def build_cuda(variant: Variant, cc: str, outdir: Path, cutlass_include: str | None = None,
+               tunable_values: dict[str, int] | None = None) -> tuple[dict, list[dict], str]:
     """Compile with nvcc; return (verdict, per-kernel resources, full compiler log).
 
-    `cutlass_include` is config key build.cutlass_include (used when the variant requires
-    cutlass). With build.sass_expect, the built library's SASS must hold each listed opcode."""
+    Every tunable reaches the kernel as -D<define>=<value>: its variant.yaml default unless
+    `tunable_values` overrides it (each override checked against the knob's declared values); the
+    verdict records the values under `tunables`. `cutlass_include` is config key
+    build.cutlass_include (used when the variant requires cutlass). With build.sass_expect, the
+    built library's SASS must hold each listed opcode."""
     build = variant.meta["build"]
+    values = tunables_lib.resolve(variant, tunable_values)
+    flags = list(build["nvcc_flags"]) + tunables_lib.define_flags(variant, values)
     nvcc = require_tool("nvcc")
     include_dirs = [str(KERNELS_DIR / SHARED_DIR), str(variant.folder)] + \
         [str(path) for path in required_include_dirs(build["requires"], cutlass_include)]
@@ -153,8 +175,9 @@ def build_cuda(variant: Variant, cc: str, outdir: Path,
     gencode = nvcc_lib.arch_gencode(cc)
     artifact = outdir / f"lib{variant.name}.so"
     cu_sources = [str(p) for p in variant.sources if p.suffix == ".cu"]
+    outdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    units, link = run_nvcc(nvcc, cu_sources, artifact, gencode, list(build["nvcc_flags"]), include_dirs)
+    units, link = run_nvcc(nvcc, cu_sources, artifact, gencode, flags, include_dirs)
     seconds = time.perf_counter() - started
     steps = units + ([link] if link else [])
     returncode = next((step.returncode for step in steps if step.returncode != 0), 0)
@@ -167,7 +190,7 @@ def build_cuda(variant: Variant, cc: str, outdir: Path,
                    compile_seconds=round(seconds, 2),
                    command=link.command if link else (units[0].command if len(units) == 1 else None),
                    units=[{"source": source, **step_record(unit)} for source, unit in zip(cu_sources, units)],
-                   link=step_record(link) if link else None, sass=None, sass_dump=None)
+                   link=step_record(link) if link else None, sass=None, sass_dump=None, tunables=values)
     log_text = "".join(step.log for step in steps)
     if sass_tools is not None and returncode == 0:
         log_text += check_sass(verdict, sass_tools, artifact, build["sass_expect"])
@@ -189,14 +212,24 @@ def check_sass(verdict: dict, tools: sass_lib.SassTools, artifact: Path, expecte
     return f"$ {' '.join(argv)} > {dump}\nSASS opcodes expected by build.sass_expect: {summary}\n"
 
 
-def build_triton(variant: Variant, allow_spills: bool) -> tuple[dict, list[dict], str]:
+def build_triton(variant: Variant, allow_spills: bool,
+                 tunable_values: dict[str, int] | None = None) -> tuple[dict, list[dict], str]:
     """Import the module; on a GPU, launch each supported configuration once so Triton compiles
-    it, then read registers, spills and shared memory off the compiled kernels."""
+    it, then read registers, spills and shared memory off the compiled kernels. The tunables (the
+    variant.yaml defaults unless `tunable_values` overrides them) reach forward() as its
+    `tunables` argument; the verdict records them."""
+    values = tunables_lib.resolve(variant, tunable_values)
+    verdict, resources, text = _build_triton(variant, allow_spills, values)
+    verdict["tunables"] = values
+    return verdict, resources, text
+
+
+def _build_triton(variant: Variant, allow_spills: bool, values: dict[str, int]) -> tuple[dict, list[dict], str]:
     import traceback
 
     if not cuda_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from .runners import load_triton_module
+    from .runners import bind_tunables, load_triton_module
 
     try:
         module = load_triton_module(variant)
@@ -212,6 +245,7 @@ def build_triton(variant: Variant, allow_spills: bool) -> tuple[dict, list[dict]
                  "note": f"imported only; Triton compiles at first launch and the kernel resources "
                          f"are read on a GPU host ({NO_DEVICE_REASON})"}, [], "imported under the "
                 "Triton interpreter\n")
+    forward = bind_tunables(variant, module.forward, values)
     import torch
 
     from .inputs import make_qkv
@@ -225,7 +259,7 @@ def build_triton(variant: Variant, allow_spills: bool) -> tuple[dict, list[dict]
             for D in s["head_dims"]:
                 for causal in s["causal"]:
                     q, k, v = make_qkv(1, 1, 128, D, torch_dtype(dtype), "cuda", 0)
-                    module.forward(q, k, v, torch.empty_like(q), causal, 1.0 / math.sqrt(D))
+                    forward(q, k, v, torch.empty_like(q), causal, 1.0 / math.sqrt(D))
                     log_lines.append(f"compiled {dtype} D={D} causal={causal}")
         torch.cuda.synchronize()
     except Exception as exc:
@@ -235,6 +269,8 @@ def build_triton(variant: Variant, allow_spills: bool) -> tuple[dict, list[dict]
                  "first_error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
                  "artifact": None}, [], "\n".join(log_lines) + "\n" + text)
     resources = list(module.compiled_resources()) if hasattr(module, "compiled_resources") else []
+    # this process may have launched other configurations before (an evolution's candidates)
+    resources = [r for r in resources if r.get("tunables", values) == values]
     spilling = [r["kernel"] for r in resources if r.get("spill_bytes")]
     reasons = [] if allow_spills or not spilling else [f"register spills in {', '.join(spilling)}"]
     verdict = {"status": "fail" if reasons else "pass", "reasons": reasons,

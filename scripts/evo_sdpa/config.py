@@ -23,7 +23,21 @@ def check_config(config: dict, source: str = "config") -> dict:
                              f"parity tier (defined: {', '.join(sorted(tiers))})")
     if config["timing"]["max_time_ms"] < config["timing"]["min_time_ms"]:
         raise StageError(f"{source}: key 'timing.max_time_ms' must be at least timing.min_time_ms")
+    check_evolve(config["evolve"], suites, tiers, source)
     return config
+
+
+def check_evolve(evolve: dict, suites: dict, tiers: dict, source: str) -> None:
+    if evolve["suite"] not in suites:
+        raise StageError(f"{source}: key 'evolve.suite': {evolve['suite']!r} is not a shape suite "
+                         f"(defined: {', '.join(sorted(suites))})")
+    for key in ("gate_tier", "final_tier"):
+        if evolve[key] not in tiers:
+            raise StageError(f"{source}: key 'evolve.{key}': {evolve[key]!r} is not a parity tier "
+                             f"(defined: {', '.join(sorted(tiers))})")
+    if evolve["elites"] >= evolve["population"]:
+        raise StageError(f"{source}: key 'evolve.elites': {evolve['elites']} must be below evolve.population "
+                         f"({evolve['population']}), or no child is ever proposed")
 
 
 def suite_shapes(config: dict, suite: str) -> list[Shape]:

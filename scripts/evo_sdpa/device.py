@@ -1,12 +1,18 @@
-"""What GPU this host has (asked cheaply, without importing torch) and where the CUDA tools are."""
+"""What GPU this host has (asked of nvidia-smi and remembered, torch only where nvidia-smi is
+missing) and where the CUDA tools are."""
 from __future__ import annotations
 
+import json
 import os
+import platform
+import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from .errors import StageError
+from .io import write_text
 
 TOOL_HINTS = {
     "nvcc": "install the CUDA toolkit (12.4 or newer) and put its bin/ on PATH",
@@ -25,10 +31,12 @@ class GpuIdentity:
     name: str
     compute_capability: str      # "9.0"
     index: int = 0
+    uuid: str | None = None      # "GPU-8f3c..." when the driver says
 
     @property
     def device_id(self) -> str:
-        """The identity measuring rules take as a param: results never cross cards."""
+        """The identity measuring rules take as a param: results never cross card models (the
+        job that measures records the very card, UUID included; the summary checks it)."""
         return f"{self.name} (cc {self.compute_capability})"
 
 
@@ -48,26 +56,131 @@ def require_tool(name: str) -> str:
     return path
 
 
-def query_gpu(timeout_s: float = 10.0) -> GpuIdentity | None:
-    """The first visible GPU from nvidia-smi, or None on a host without one."""
-    if os.environ.get("EVO_SDPA_FORCE_CPU") == "1":
+def normalise_uuid(text: str) -> str:
+    """nvidia-smi writes GPU-<uuid>; torch writes the bare uuid."""
+    text = text.strip()
+    return text if text.startswith(("GPU-", "MIG-")) else f"GPU-{text}"
+
+
+def parse_smi_gpus(text: str) -> list[GpuIdentity]:
+    """`nvidia-smi --query-gpu=index,uuid,name,compute_cap --format=csv,noheader` lines."""
+    gpus = []
+    for line in text.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) >= 4 and parts[0].isdigit():
+            index, uuid, cap = int(parts[0]), parts[1], parts[-1]
+            gpus.append(GpuIdentity(name=",".join(parts[2:-1]), compute_capability=cap, index=index,
+                                    uuid=uuid or None))
+    return gpus
+
+
+def mig_parents(listing: str) -> dict[str, int]:
+    """MIG instance UUID -> index of its GPU, from `nvidia-smi -L`."""
+    parents, current = {}, None
+    for line in listing.splitlines():
+        gpu = re.match(r"GPU (\d+):", line.strip())
+        if gpu:
+            current = int(gpu.group(1))
+        mig = re.search(r"UUID: (MIG-[^)\s]+)", line)
+        if mig and current is not None:
+            parents[mig.group(1)] = current
+    return parents
+
+
+def pick_visible(gpus: list[GpuIdentity], visible: str | None,
+                 mig_listing: str | None = None) -> GpuIdentity | None:
+    """The GPU a CUDA process sees first under CUDA_VISIBLE_DEVICES: an index, a GPU UUID (or a
+    unique prefix of one, as CUDA accepts), a MIG instance's UUID; None when none is visible."""
+    if not gpus:
         return None
-    smi = find_tool("nvidia-smi")
-    if smi is None:
-        return None
+    if visible is None:
+        return gpus[0]
+    first = visible.split(",")[0].strip()
+    if first.isdigit():
+        return next((g for g in gpus if g.index == int(first)), None)
+    if first.startswith("MIG-"):
+        parent = mig_parents(mig_listing or "").get(first)
+        gpu = next((g for g in gpus if g.index == parent), None)
+        return GpuIdentity(gpu.name, gpu.compute_capability, gpu.index, first) if gpu else None
+    matches = [g for g in gpus if g.uuid and g.uuid.startswith(normalise_uuid(first))] if first else []
+    return matches[0] if len(matches) == 1 else None
+
+
+def _smi(smi: str, args: list[str], timeout_s: float) -> str | None:
     try:
-        out = subprocess.run([smi, "--query-gpu=name,compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=timeout_s, check=True).stdout
+        return subprocess.run([smi, *args], capture_output=True, text=True, timeout=timeout_s,
+                              check=True).stdout
     except (subprocess.SubprocessError, OSError):
         return None
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    lines = [line for line in out.splitlines() if line.strip()]
-    if not lines or visible == "":
+
+
+def nvidia_driver_present() -> bool:
+    """A cheap sign of an NVIDIA driver (no torch import): its proc entry or control node."""
+    return os.path.exists("/proc/driver/nvidia/version") or os.path.exists("/dev/nvidiactl")
+
+
+def torch_gpu() -> GpuIdentity | None:
+    """The first GPU torch sees (for a host whose nvidia-smi is missing or broken)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        props = torch.cuda.get_device_properties(0)
+    except Exception:  # a broken CUDA install answers "no GPU" here; the jobs say why
         return None
-    index = int(visible.split(",")[0]) if visible and visible.split(",")[0].isdigit() else 0
-    index = min(index, len(lines) - 1)
-    name, cap = (part.strip() for part in lines[index].split(",", 1))
-    return GpuIdentity(name=name, compute_capability=cap, index=index)
+    uuid = normalise_uuid(str(props.uuid)) if getattr(props, "uuid", None) else None
+    return GpuIdentity(name=props.name, compute_capability=f"{props.major}.{props.minor}", uuid=uuid)
+
+
+def query_gpu(timeout_s: float = 10.0) -> GpuIdentity | None:
+    """The first GPU a CUDA process here sees, or None on a host without one. Asked of
+    nvidia-smi (cheap), else of torch when a driver is present but nvidia-smi is not."""
+    if os.environ.get("EVO_SDPA_FORCE_CPU") == "1":
+        return None
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    smi = find_tool("nvidia-smi")
+    out = _smi(smi, ["--query-gpu=index,uuid,name,compute_cap", "--format=csv,noheader"],
+               timeout_s) if smi else None
+    if out is None:
+        return torch_gpu() if nvidia_driver_present() else None
+    listing = _smi(smi, ["-L"], timeout_s) if visible and visible.strip().startswith("MIG-") else None
+    return pick_visible(parse_smi_gpus(out), visible, listing)
+
+
+def identity_key() -> str:
+    """Everything the visible GPU set depends on: boot, host, the visibility variables, the
+    device nodes. A cached identity is reused only while this is unchanged."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = None
+    nodes = sorted(str(p) for p in Path("/dev").glob("nvidia[0-9]*"))
+    return json.dumps([boot, platform.node(), os.environ.get("CUDA_VISIBLE_DEVICES"),
+                       os.environ.get("NVIDIA_VISIBLE_DEVICES"), find_tool("nvidia-smi"), nodes])
+
+
+def query_gpu_cached(cache: Path) -> GpuIdentity | None:
+    """query_gpu(), remembered in `cache` while identity_key() holds: nvidia-smi (or torch) is
+    the slowest step of building the DAG on a GPU host. Measuring jobs record the card they ran
+    on whatever this says, so a stale identity is caught where results are combined."""
+    if os.environ.get("EVO_SDPA_FORCE_CPU") == "1":
+        return None
+    if find_tool("nvidia-smi") is None and not nvidia_driver_present():
+        return None
+    key = identity_key()
+    try:
+        cached = json.loads(cache.read_text())
+        if cached["key"] == key:
+            return GpuIdentity(**cached["gpu"]) if cached["gpu"] else None
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    gpu = query_gpu()
+    try:
+        write_text(cache, json.dumps({"key": key, "gpu": asdict(gpu) if gpu else None}))
+    except OSError:
+        pass  # a read-only checkout only loses the cache
+    return gpu
 
 
 def device_id(gpu: GpuIdentity | None) -> str:

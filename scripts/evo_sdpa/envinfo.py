@@ -3,11 +3,9 @@ from __future__ import annotations
 
 import platform
 import subprocess
-from pathlib import Path
 
 from .device import NO_DEVICE_REASON, cuda_available, find_tool
-
-REPO = Path(__file__).resolve().parents[2]
+from .provenance import card, git_state
 
 # Matmul size for the ceiling: large enough to reach the card's sustained dense rate.
 MATMUL_N = 8192
@@ -19,12 +17,6 @@ def _run(argv: list[str]) -> str | None:
         return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
     except (subprocess.SubprocessError, OSError):
         return None
-
-
-def git_state() -> dict:
-    commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
-    status = _run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
 def _tool_version(name: str) -> str | None:
@@ -124,7 +116,7 @@ def measure_ceilings() -> dict:
 
 def capture() -> dict:
     env = {"host": platform.node(), "platform": platform.platform(), "git": git_state(),
-           "versions": versions()}
+           "versions": versions(), "card": card()}
     if cuda_available():
         env["device"] = device_properties()
         env["ceilings"] = measure_ceilings()

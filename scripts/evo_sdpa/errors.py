@@ -13,6 +13,12 @@ def fail(message: str, code: int = 1) -> None:
     raise SystemExit(code)
 
 
+def notice(message: str) -> None:
+    """A verdict the console must show although the stage succeeded (a stage that could not run
+    here): one line in the same form, which the rule repeats from its log."""
+    print(f"evo-sdpa: {message}", file=sys.stderr)
+
+
 def run_stage(main) -> None:
     """Run a stage's main(); turn a StageError into one line on stderr and exit status 1."""
     try:

@@ -1,11 +1,12 @@
 """Gates over the leaderboard: required variants must pass their correctness gates, and their
-measured speedups must reach the configured minimum."""
+measured speedups must reach the configured minimum; results from different card models never
+pass as one run."""
 from __future__ import annotations
 
 
 def evaluate(leaderboard: dict, gates: dict) -> list[str]:
     by_name = {entry["name"]: entry for entry in leaderboard["variants"]}
-    failures = []
+    failures = [f"mixed cards: {line}" for line in leaderboard.get("card_mismatches", [])]
     for name in gates["required_variants"]:
         entry = by_name.get(name)
         if entry is None:

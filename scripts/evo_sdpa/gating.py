@@ -3,7 +3,7 @@ gate is never measured, and every skipped record names the root cause (the first
 did not pass, and why), so the funnel shows where a variant fell out."""
 from __future__ import annotations
 
-from .io import read_json
+from .io import read_record
 
 
 def root_cause(stage: str, record: dict) -> dict:
@@ -20,7 +20,7 @@ def blocked_by(**upstream_paths: str) -> dict | None:
 
     A sanitizer switched off in the config does not block: nothing was found wrong."""
     for stage, path in upstream_paths.items():
-        record = read_json(path)
+        record = read_record(path)
         status = record.get("status")
         if status in ("pass", "measured"):
             continue

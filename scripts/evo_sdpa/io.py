@@ -8,6 +8,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .errors import StageError
+
+# The one command that rebuilds a result (and what depends on it) when it is missing or damaged;
+# the target comes first because --forcerun takes several values.
+REBUILD = "snakemake --cores 1 results/final/final_summary.md --forcerun {path}"
+
 
 def _clean(value: Any) -> Any:
     """JSON has no NaN/Inf: write them as strings so a reader sees them rather than a crash."""
@@ -39,14 +45,36 @@ def write_json(path: str | os.PathLike, data: Any) -> None:
     write_text(path, json.dumps(_clean(data), indent=2, sort_keys=False) + "\n")
 
 
+def rebuild_hint(path: str | os.PathLike) -> str:
+    return REBUILD.format(path=path)
+
+
 def read_json(path: str | os.PathLike) -> Any:
-    with open(path) as handle:
-        return json.load(handle)
+    """A result file; a missing, truncated or corrupted one is one line naming it and the fix."""
+    try:
+        with open(path) as handle:
+            return json.load(handle)
+    except FileNotFoundError:
+        raise StageError(f"{path}: missing (deleted after it was made?); rebuild it: "
+                         f"{rebuild_hint(path)}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise StageError(f"{path}: not valid JSON ({exc}), a truncated or corrupted result; "
+                         f"rebuild it: {rebuild_hint(path)}") from None
+
+
+def read_record(path: str | os.PathLike) -> dict:
+    """A stage's record: a JSON object with a status ("pass", "measured", "skipped", ...)."""
+    record = read_json(path)
+    if not isinstance(record, dict) or "status" not in record:
+        raise StageError(f"{path}: not a stage record (no 'status' key), a damaged result; "
+                         f"rebuild it: {rebuild_hint(path)}")
+    return record
 
 
 def read_verdict(path: str | os.PathLike) -> dict:
     """A check stage's verdict: {"status": "pass"|"fail"|"skipped", "reasons": [...], ...}."""
-    verdict = read_json(path)
-    if verdict.get("status") not in {"pass", "fail", "skipped"}:
-        raise ValueError(f"{path}: not a verdict file (status={verdict.get('status')!r})")
+    verdict = read_record(path)
+    if verdict["status"] not in {"pass", "fail", "skipped"}:
+        raise StageError(f"{path}: not a verdict file (status={verdict['status']!r}); "
+                         f"rebuild it: {rebuild_hint(path)}")
     return verdict

@@ -15,6 +15,9 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .errors import StageError
+from .io import rebuild_hint
+
 HEADER_PREFIX = '"ID",'
 # ncu's own log lines: "==PROF== Connected...", "==WARNING== ...", "==ERROR== ...".
 LOG_LINE = re.compile(r"^==[A-Z]+==")
@@ -127,7 +130,11 @@ def parse_raw_csv(text: str) -> list[KernelProfile]:
 
 
 def read_raw_csv(path: str | Path) -> list[KernelProfile]:
-    return parse_raw_csv(Path(path).read_text())
+    """A profile stage's CSV; a missing, empty or damaged one is one line naming it and the fix."""
+    try:
+        return parse_raw_csv(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise StageError(f"{path}: not an ncu raw-page CSV ({exc}); rebuild it: {rebuild_hint(path)}") from None
 
 
 def select_kernels(profiles: list[KernelProfile], name_regex: str) -> list[KernelProfile]:

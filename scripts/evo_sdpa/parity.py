@@ -88,6 +88,15 @@ def run_case(case: ParityCase, forward, rule: ToleranceRule, device: str) -> dic
     return record
 
 
+def run_tier(variant: Variant, forward, tier: dict, rule: ToleranceRule, device: str) -> list[dict]:
+    """The hand-computed oracle's cases, then every case of the tier's matrix (what the parity
+    stage runs, without its single-case repro filter)."""
+    from .oracle import oracle_records
+
+    return oracle_records(variant, forward, device) + [run_case(case, forward, rule, device)
+                                                       for case in build_matrix(variant, tier)]
+
+
 def verdict(records: list[dict], repro: str) -> dict:
     failed = [r for r in records if r["status"] != "pass"]
     result = {

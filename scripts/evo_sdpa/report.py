@@ -1,15 +1,22 @@
 """The final summary: per-variant funnel, speedups against SDPA, success criteria, bottleneck
-highlights beside SDPA's, what could not run and why; rendered with jinja2, plotted with matplotlib."""
+highlights beside SDPA's, what could not run and why, the state and card each variant's numbers
+were measured at; rendered with jinja2, plotted with matplotlib."""
 from __future__ import annotations
 
 import math
 import os
 from pathlib import Path
 
-from .io import read_json
+from .device import CPU_DEVICE_ID
+from .io import read_json, read_record
+from .provenance import KEY as MEASURED_AT
 
 STAGES = ("build", "sanitizer", "parity", "bench", "ncu", "analysis")
 PASSING = {"pass", "measured", "analysed"}
+# The stages that stamp where they ran (analysis only reads the profile).
+STAMPED = ("build", "sanitizer", "parity", "bench", "ncu")
+# The verb a skipped record starts with; what follows is the reason itself.
+SKIP_VERBS = ("not run: ", "not measured: ", "not profiled: ", "not analysed: ")
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "final_summary.md.j2"
 TOP_FINDINGS = 3
 
@@ -25,8 +32,28 @@ def stage_paths(results: Path, variant: str) -> dict[str, Path]:
     }
 
 
+def build_resources_path(results: Path, variant: str) -> Path:
+    return results / "build" / variant / "resources.json"
+
+
 def _reason(record: dict) -> str:
     return "; ".join(record.get("reasons", [])) or record.get("reason", "")
+
+
+def bare_reason(reason: str) -> str:
+    """A skipped record's reason without its verb: 'not run: no CUDA device' -> 'no CUDA device'."""
+    for verb in SKIP_VERBS:
+        if reason.startswith(verb):
+            return reason[len(verb):]
+    return reason
+
+
+def not_run_because(record: dict) -> str:
+    """Why a skipped stage did not run, short: its own reason, or the earlier stage that stopped it."""
+    cause = record.get("cause")
+    if cause:
+        return f"{cause['stage']} {'failed' if cause['status'] == 'fail' else 'did not run'}"
+    return bare_reason(_reason(record))
 
 
 def speedup_rows(bench: dict) -> list[dict]:
@@ -55,14 +82,42 @@ def top_findings(analysis: dict) -> list[dict]:
             for f in analysis.get("findings", [])[:TOP_FINDINGS]]
 
 
+def build_unchecked(build: dict, kernels: list[dict]) -> str | None:
+    """Why a passing build's warnings and spills were not checked (no compiled kernel was
+    inspected: Triton imported only, without a GPU), or None when they were."""
+    if build["status"] != "pass" or kernels:
+        return None
+    return build.get("note") or "no compiled kernel's resources were read"
+
+
+def measured_at(records: dict) -> list[dict]:
+    """The git state and sources digest the stages of one variant ran at, grouped: one group
+    when the whole chain ran at one state."""
+    groups: dict[tuple, list[str]] = {}
+    for stage in STAMPED:
+        stamp = records[stage].get(MEASURED_AT)
+        if stamp:
+            git = stamp.get("git") or {}
+            groups.setdefault((git.get("commit"), git.get("dirty"), stamp.get("sources")), []).append(stage)
+    return [{"commit": commit, "dirty": dirty, "sources": sources, "stages": stages}
+            for (commit, dirty, sources), stages in groups.items()]
+
+
+def stage_cards(records: dict) -> dict[str, dict]:
+    """The card each stage that ran on one recorded (name, UUID), by stage."""
+    return {stage: records[stage][MEASURED_AT]["card"] for stage in STAMPED
+            if (records[stage].get(MEASURED_AT) or {}).get("card")}
+
+
 def variant_entry(results: Path, name: str) -> dict:
-    records = {stage: read_json(path) for stage, path in stage_paths(results, name).items()}
+    records = {stage: read_record(path) for stage, path in stage_paths(results, name).items()}
     funnel = {stage: records[stage]["status"] for stage in STAGES}
     fell_out = next((stage for stage in STAGES if funnel[stage] == "fail"), None)
-    stopped = next((stage for stage in STAGES if funnel[stage] == "skipped"
-                    and not records[stage].get("disabled")), None)
+    own_skip = [stage for stage in STAGES if funnel[stage] == "skipped" and not records[stage].get("cause")]
     build = records["build"]
+    kernels = read_json(build_resources_path(results, name)).get("kernels", [])
     speedups = speedup_rows(records["bench"])
+    states = measured_at(records)
     return {
         "name": name,
         "kind": build.get("kind"),
@@ -70,58 +125,180 @@ def variant_entry(results: Path, name: str) -> dict:
         # Only each stage's own reason: a stage skipped because of an earlier one adds nothing.
         "reasons": {stage: _reason(records[stage]) for stage in STAGES
                     if funnel[stage] not in PASSING and not records[stage].get("cause")},
-        "fell_out_at": fell_out,
-        "stopped_at": None if fell_out else stopped,
-        "parity": {k: records["parity"].get(k) for k in ("cases", "passed", "failed", "tier", "device",
-                                                          "first_failure", "worst_passing_max_abs")},
+        # Why each skipped stage did not run: its own reason, or the earlier stage that stopped it.
+        "not_run_because": {stage: not_run_because(records[stage]) for stage in STAGES
+                            if funnel[stage] == "skipped"},
+        "fell_out_at": fell_out,  # the first stage that failed: a verdict against the variant
+        "not_run_here": [s for s in own_skip if not records[s].get("disabled")],  # nothing failed
+        "disabled": [s for s in own_skip if records[s].get("disabled")],
+        "build_unchecked": build_unchecked(build, kernels),
+        "parity": {k: records["parity"].get(k) for k in ("cases", "passed", "failed", "tier", "gpu_tier",
+                                                          "device", "interpreter", "first_failure",
+                                                          "worst_passing_max_abs")},
         "sanitizer_tools": records["sanitizer"].get("tools", []),
         "speedups": speedups,
         "geomean_speedup_p50": geomean([r["speedup_p50"] for r in speedups]),
         "sanity_flags": records["bench"].get("sanity_flags", []),
         "bottlenecks": top_findings(records["analysis"]),
         "roofline": records["analysis"].get("roofline"),
+        "measured_at": states,
+        "measured_at_label": state_label(states),
+        "cards": stage_cards(records),
     }
 
 
+def state_label(states: list[dict]) -> str:
+    """The git state and sources digest a variant's numbers were measured at, for the funnel."""
+    if not states:
+        return "unknown"
+    return " / ".join(f"{describe_state(s)} src {s['sources'] or 'n/a'}"
+                      + (f" ({', '.join(s['stages'])})" if len(states) > 1 else "") for s in states)
+
+
 def criteria(entry: dict, suite_labels: list[str]) -> list[dict]:
-    """The success criteria of one variant, each met, not met, or not measured (with why)."""
+    """The success criteria of one variant: each met, not met, or not checked, with why (a check
+    that did not run, or ran only in part, never reads as met)."""
     f = entry["funnel"]
 
-    def gate(stage: str) -> str:
-        return "met" if f[stage] in PASSING else ("not measured" if f[stage] == "skipped" else "not met")
+    def gate(stage: str) -> dict:
+        if f[stage] == "skipped":
+            return {"result": "not checked", "detail": entry["not_run_because"][stage]}
+        return {"result": "met" if f[stage] in PASSING else "not met", "detail": None}
 
+    build = gate("build")
+    if entry["build_unchecked"]:
+        build = {"result": "not checked", "detail": entry["build_unchecked"]}
     faster = {r["shape"] for r in entry["speedups"] if r["speedup_p50"] > 1.0}
     measured = {r["shape"] for r in entry["speedups"]}
     if not measured:
-        beat_one = beat_all = "not measured"
+        why = entry["not_run_because"].get("bench") or "no bench shape was measured"
+        beat_one = beat_all = {"result": "not checked", "detail": why}
     else:
-        beat_one = "met" if faster else "not met"
-        beat_all = "met" if set(suite_labels) <= faster else "not met"
+        beat_one = {"result": "met" if faster else "not met", "detail": None}
+        beat_all = {"result": "met" if set(suite_labels) <= faster else "not met", "detail": None}
     return [
-        {"criterion": "builds without warnings or spills", "result": gate("build")},
-        {"criterion": "memory-safe and race-free (compute-sanitizer)", "result": gate("sanitizer")},
-        {"criterion": "correct on its whole declared support (parity)", "result": gate("parity")},
-        {"criterion": "faster than SDPA (p50) on at least one bench shape", "result": beat_one},
-        {"criterion": "faster than SDPA (p50) on every bench shape", "result": beat_all},
+        {"criterion": "builds without warnings or spills", **build},
+        {"criterion": "memory-safe and race-free (compute-sanitizer)", **gate("sanitizer")},
+        {"criterion": "correct on its whole declared support (parity)", **parity_criterion(entry)},
+        {"criterion": "faster than SDPA (p50) on at least one bench shape", **beat_one},
+        {"criterion": "faster than SDPA (p50) on every bench shape", **beat_all},
     ]
 
 
+def parity_tier(parity: dict) -> str:
+    """Which tier a parity verdict is on and how it ran: "tier quick on cuda"."""
+    how = "under the Triton interpreter" if parity.get("interpreter") else f"on {parity.get('device')}"
+    return f"tier {parity.get('tier')} {how}"
+
+
+def parity_criterion(entry: dict) -> dict:
+    """Met only on the GPU tier run natively: a pass of the small CPU tier under the Triton
+    interpreter says the algorithm is right, not that the compiled kernel is, everywhere."""
+    parity, status = entry["parity"], entry["funnel"]["parity"]
+    if status == "skipped":
+        return {"result": "not checked", "detail": entry["not_run_because"]["parity"]}
+    if status != "pass":
+        return {"result": "not met", "detail": parity_tier(parity)}
+    partial = parity.get("interpreter") or (parity.get("gpu_tier") and parity.get("tier") != parity["gpu_tier"])
+    if partial:
+        whole = f"tier {parity['gpu_tier']}" if parity.get("gpu_tier") else "the GPU tier"
+        return {"result": "not checked", "detail": f"passed {parity_tier(parity)} only; the whole "
+                                                   f"declared support is {whole} on a GPU"}
+    return {"result": "met", "detail": parity_tier(parity)}
+
+
 def not_run_here(env: dict, entries: list[dict], baseline: dict) -> list[str]:
-    """Plain statements of which stages could not run on this host and why."""
+    """Which stages could not run on this host and why: each reason once, with the variants and
+    stages it stopped (the funnel lists failures; this lists what did not run)."""
     lines = []
     if not env.get("cuda"):
         lines.append(f"Environment: {env.get('not_measured')}.")
     if baseline.get("note"):
-        lines.append(f"Baseline: {baseline['note']}.")
+        lines.append("Baseline: GPU backends not run (the note under the SDPA baseline table says why).")
+    by_reason: dict[str, dict[str, list[str]]] = {}
     for entry in entries:
         for stage, reason in entry["reasons"].items():
             if entry["funnel"][stage] == "skipped":
-                lines.append(f"{entry['name']} {stage}: {reason}")
+                by_reason.setdefault(bare_reason(reason), {}).setdefault(entry["name"], []).append(stage)
+    for reason, where in by_reason.items():
+        names = "; ".join(f"{name} ({', '.join(stages)})" for name, stages in where.items())
+        lines.append(f"{reason}: {names}")
     return lines
 
 
+def sampling_flag(row: dict, bound: float | None) -> str | None:
+    """Why a baseline number is less firm than the rest: sampling hit the time cap, or ended with
+    a spread above the bound. None for a row that converged."""
+    spread = row.get("rel_spread")
+    spread = spread if isinstance(spread, (int, float)) else None
+    over = bound is not None and spread is not None and spread > bound
+    if row.get("ended_by") == "converged" and not over:
+        return None
+    parts = [] if row.get("ended_by") == "converged" else [f"sampling ended by {row.get('ended_by')}"]
+    if spread is not None:
+        parts.append(f"spread {spread:.2f}" + ("" if bound is None else
+                                               f" above the bound {bound:g}" if over else f" (bound {bound:g})"))
+    return ", ".join(parts)
+
+
 def baseline_rows(baseline: dict) -> list[dict]:
-    return [r for r in baseline.get("rows", []) if r.get("status") == "measured"]
+    bound = baseline.get("rel_spread_bound")
+    return [{**r, "flag": sampling_flag(r, bound)} for r in baseline.get("rows", [])
+            if r.get("status") == "measured"]
+
+
+def baseline_not_measured(baseline: dict) -> list[str]:
+    """The baseline rows that were not timed (too large for the CPU, a backend that cannot run
+    the case), each with its reason."""
+    return [f"B{r['B']} H{r['H']} S{r['S']} D{r['D']} {'causal' if r['causal'] else 'full'} {r['dtype']} "
+            f"{r['backend']}: {r.get('status')}, {r.get('reason', '')}"
+            for r in baseline.get("rows", []) if r.get("status") != "measured"]
+
+
+def env_card(env: dict) -> dict:
+    """The card the environment record was taken on (records before cards were stamped: its name)."""
+    if env.get("card"):
+        return env["card"]
+    return {"name": env["device"]["name"] if env.get("device") else CPU_DEVICE_ID, "uuid": None}
+
+
+def describe_card(card: dict) -> str:
+    return card["name"] + (f" ({card['uuid']})" if card.get("uuid") else "")
+
+
+def card_mismatches(env: dict, baseline: dict, entries: list[dict]) -> list[str]:
+    """Results taken on another card model than the environment record's: never compared as one
+    run. (Cards of one model on one host may differ by UUID: a multi-GPU run spreads variants.)"""
+    reference = env_card(env)
+    measured = [("baseline", baseline[MEASURED_AT]["card"])] if (baseline.get(MEASURED_AT) or {}).get("card") else []
+    measured += [(f"{e['name']} {stage}", card) for e in entries for stage, card in e["cards"].items()]
+    return [f"{where} was measured on {describe_card(card)}, the environment record on "
+            f"{describe_card(reference)}" for where, card in measured if card["name"] != reference["name"]]
+
+
+def state_notes(env: dict, entries: list[dict]) -> list[str]:
+    """Where a variant's numbers were measured at another git state than the environment record
+    (the header's), or its stages at different sources."""
+    git = env.get("git") or {}
+    notes = []
+    for entry in entries:
+        states = entry["measured_at"]
+        if len({s["sources"] for s in states}) > 1:
+            notes.append(f"{entry['name']}: its stages ran on different sources ("
+                         + "; ".join(f"{', '.join(s['stages'])}: {s['sources']}" for s in states)
+                         + "): a result older than its sources; rebuild the variant's chain")
+        differing = [s for s in states if (s["commit"], s["dirty"]) != (git.get("commit"), git.get("dirty"))]
+        if differing:
+            notes.append(f"{entry['name']}: measured at " + "; ".join(
+                f"{describe_state(s)} ({', '.join(s['stages'])})" for s in differing)
+                + f", not at the environment record's {describe_state(git)}")
+    return notes
+
+
+def describe_state(state: dict) -> str:
+    commit = (state.get("commit") or "unknown")[:12]
+    dirty = {True: " (dirty)", False: " (clean)"}.get(state.get("dirty"), "")
+    return f"git {commit}{dirty}"
 
 
 def build_leaderboard(results: Path, variants: list[str], cfg: dict, suite_labels: list[str]) -> dict:
@@ -130,7 +307,7 @@ def build_leaderboard(results: Path, variants: list[str], cfg: dict, suite_label
     entries = [variant_entry(results, name) for name in variants]
     for entry in entries:
         entry["criteria"] = criteria(entry, suite_labels)
-    sdpa_analysis = read_json(results / "analysis" / "sdpa" / "bottlenecks.json")
+    sdpa_analysis = read_record(results / "analysis" / "sdpa" / "bottlenecks.json")
     ranked = sorted(entries, key=lambda e: -(e["geomean_speedup_p50"] or 0.0))
     return {
         "device": env["device"]["name"] if env.get("device") else "cpu (no CUDA device)",
@@ -143,8 +320,11 @@ def build_leaderboard(results: Path, variants: list[str], cfg: dict, suite_label
         "sdpa": {"status": sdpa_analysis["status"], "bottlenecks": top_findings(sdpa_analysis),
                  "roofline": sdpa_analysis.get("roofline"), "reasons": sdpa_analysis.get("reasons", [])},
         "baseline": baseline_rows(baseline),
+        "baseline_not_measured": baseline_not_measured(baseline),
         "baseline_note": baseline.get("note"),
         "not_run": not_run_here(env, entries, baseline),
+        "state_notes": state_notes(env, entries),
+        "card_mismatches": card_mismatches(env, baseline, entries),
     }
 
 

@@ -1,19 +1,25 @@
 """Turn a variant (or SDPA) into one callable: forward(q, k, v, out, causal, scale) -> None."""
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.util
 import sys
 from pathlib import Path
 from typing import Callable
 
-from .variants import Variant
+from .variants import KERNELS_DIR, Variant
 
 Forward = Callable[..., None]
 
 
 def load_triton_module(variant: Variant):
+    """The variant's module, imported once per process; a copy of a variant in another folder (an
+    evolution candidate) is its own module."""
     entry = variant.sources[0]
     module_name = f"evo_sdpa_variant_{variant.name}"
+    if variant.folder.resolve() != (KERNELS_DIR / variant.name).resolve():
+        module_name += "_" + hashlib.sha1(str(variant.folder.resolve()).encode()).hexdigest()[:10]
     if module_name in sys.modules:
         return sys.modules[module_name]
     spec = importlib.util.spec_from_file_location(module_name, entry)
@@ -45,15 +51,32 @@ def interpreter_blocker() -> str | None:
     return None
 
 
-def load_forward(variant: Variant, artifact: str | Path | None) -> Forward:
-    """The variant's forward: a CUDA variant through its built library, Triton by import."""
+def bind_tunables(variant: Variant, forward: Forward, values: dict[str, int]) -> Forward:
+    """A Triton forward with its tunables bound (forward(..., tunables=values)); a variant that
+    declares none is called as it is."""
+    if not variant.meta.get("tunables"):
+        return forward
+    return functools.partial(forward, tunables=dict(values))
+
+
+def load_forward(variant: Variant, artifact: str | Path | None,
+                 tunable_values: dict[str, int] | None = None) -> Forward:
+    """The variant's forward: a CUDA variant through its built library (its tunables are compiled
+    in), Triton by import with its tunables bound (variant.yaml's defaults unless given)."""
     if variant.kind == "cuda":
         from .cuda_abi import CudaVariant
 
         if artifact is None:
             raise ValueError(f"{variant.name}: a CUDA variant needs its built library")
         return CudaVariant(artifact)
-    return load_triton_module(variant).forward
+    from .tunables import resolve
+
+    return bind_tunables(variant, load_triton_module(variant).forward, resolve(variant, tunable_values))
+
+
+def load_built(variant: Variant, build_verdict: dict) -> Forward:
+    """The forward a build verdict describes: its artifact and the tunable values it built with."""
+    return load_forward(variant, build_verdict.get("artifact"), build_verdict.get("tunables"))
 
 
 def sdpa_forward() -> Forward:

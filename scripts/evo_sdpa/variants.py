@@ -91,7 +91,31 @@ def load_variant(folder: Path) -> Variant:
     if not entry.endswith(expected):
         raise StageError(f"{rel}: field 'sources': the first source of a {meta['kind']} variant "
                          f"must be its {expected} entry file, not {entry!r}")
+    check_tunables(meta["tunables"], meta["kind"], rel)
     return Variant(folder.name, folder, meta)
+
+
+def check_tunables(tunables: dict, kind: str, rel: str) -> None:
+    """What the schema cannot say: each default is one of its values, a CUDA knob names the macro
+    the build defines (each macro once), a Triton knob names none (it is a launch argument)."""
+    macros: dict[str, str] = {}
+    for name, spec in tunables.items():
+        spec.setdefault("addresses", [])
+        if spec["default"] not in spec["values"]:
+            raise StageError(f"{rel}: field 'tunables.{name}.default': {spec['default']!r} is not one of "
+                             f"its values {spec['values']}")
+        define = spec.get("define")
+        if kind == "cuda" and define is None:
+            raise StageError(f"{rel}: field 'tunables.{name}.define' is missing: a CUDA tunable names the "
+                             "macro the build passes as -D<define>=<value>")
+        if kind != "cuda" and define is not None:
+            raise StageError(f"{rel}: field 'tunables.{name}.define': a {kind} tunable reaches the kernel "
+                             "as a launch argument, not a macro; remove it")
+        if define in macros:
+            raise StageError(f"{rel}: field 'tunables.{name}.define': {define!r} is already the macro of "
+                             f"tunable {macros[define]!r}")
+        if define:
+            macros[define] = name
 
 
 def discover(kernels_dir: Path = KERNELS_DIR) -> dict[str, Variant]:

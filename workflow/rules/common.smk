@@ -6,12 +6,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
 
 from evo_sdpa.config import check_config
-from evo_sdpa.deps import library_inputs
-from evo_sdpa.device import device_id, query_gpu
+from evo_sdpa.deps import library_inputs, variant_inputs
+from evo_sdpa.device import device_id, query_gpu_cached
 from evo_sdpa.errors import StageError
-from evo_sdpa.variants import RESERVED, discover, select, variant_files
+from evo_sdpa.io import rebuild_hint
+from evo_sdpa.variants import RESERVED, discover, select
 
-ABI_HEADER = "kernels/common/evo_sdpa_abi.h"
 # Every shell command ends in `|| (tail -n 1 {log} >&2; exit 1)`: a stage that cannot reach a
 # verdict ends its log with one line naming the problem and the fix, and that line is repeated
 # on the console so it is not buried behind Snakemake's error report.
@@ -31,7 +31,9 @@ try:
 except StageError as exc:
     stop(str(exc))
 
-GPU = query_gpu()
+# Remembered under .snakemake/ (nvidia-smi is slow on some hosts); the identity of the submitting
+# host: every measuring job records the card it really ran on, and the summary checks those.
+GPU = query_gpu_cached(Path(".snakemake") / "evo_sdpa" / "gpu_identity.json")
 DEVICE_ID = device_id(GPU)
 BUILD_CC = GPU.compute_capability if GPU else config["build"]["default_compute_capability"]
 
@@ -59,8 +61,7 @@ def config_json(*keys):
 
 def get_variant_sources(wildcards):
     variant = known_variant(wildcards.variant)
-    files = [str(p.relative_to(Path(workflow.basedir))) for p in variant_files(variant)]
-    return files + ([ABI_HEADER] if variant.kind == "cuda" else [])
+    return [str(p.relative_to(Path(workflow.basedir))) for p in variant_inputs(variant)]
 
 
 def build_gpu_slots(wildcards):
@@ -81,21 +82,54 @@ def get_profile_inputs(wildcards):
     }
 
 
+def get_evolve_inputs(wildcards):
+    """The variant's chain up to its bottleneck analysis (the insight that guides the first
+    mutations), the environment (the measured ceilings) and its sources."""
+    known_variant(wildcards.variant)
+    return {
+        "env": rules.env_capture.output.json,
+        "analysis": rules.analysis.output.json.format(variant=wildcards.variant),
+        "sources": get_variant_sources(wildcards),
+    }
+
+
 def profile_entries():
     return SELECTED + [SDPA_ENTRY]
 
 
 def summary_inputs():
-    return {
+    inputs = {
         "env": rules.env_capture.output.json,
         "baseline": rules.sdpa_baseline.output.json,
         "builds": expand(rules.build_variant.output.verdict, variant=SELECTED),
+        "build_resources": expand(rules.build_variant.output.resources, variant=SELECTED),
         "sanitizers": expand(rules.sanitizer.output.verdict, variant=SELECTED),
         "parities": expand(rules.parity.output.json, variant=SELECTED),
         "benches": expand(rules.bench.output.json, variant=SELECTED),
         "profiles": expand(rules.ncu.output.status, variant=profile_entries()),
         "analyses": expand(rules.analysis.output.json, variant=profile_entries()),
     }
+    warn_missing_intermediates(inputs, rules.final_summary.output.md)
+    return inputs
+
+
+_warned_missing = False
+
+
+def warn_missing_intermediates(inputs, product):
+    """Snakemake 9 does not rebuild a deleted intermediate while what was made from it is up to
+    date (it treats it like a temp file); say so once, with the command that does."""
+    global _warned_missing
+    if _warned_missing or not Path(product).exists():
+        return
+    files = [f for value in inputs.values() for f in ([value] if isinstance(value, str) else value)]
+    missing = [f for f in files if not Path(f).exists()]
+    if missing:
+        _warned_missing = True
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        print(f"evo-sdpa: {missing[0]}{more} is missing but {product} exists, so Snakemake "
+              f"will not rebuild it on its own; rebuild it: "
+              f"{rebuild_hint(' '.join(missing))}", file=sys.stderr)
 
 
 def limit_gpu_jobs():

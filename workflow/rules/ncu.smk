@@ -15,6 +15,9 @@ rule ncu:
         cfg=config_json("profile"),
     resources:
         gpu=1 if GPU else 0,
+    # A profile that could not be taken here is a verdict (exit 0, an empty report.csv): its
+    # one `evo-sdpa:` line is repeated on the console, not left in status.json alone.
     shell:
         "python3 {input.script} --entry {wildcards.variant} --enabled {params.enabled}"
-        " --config-json {params.cfg:q} --csv {output.csv} --status {output.status} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
+        " --config-json {params.cfg:q} --csv {output.csv} --status {output.status} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1);"
+        " grep '^evo-sdpa: ' {log} >&2 || true"

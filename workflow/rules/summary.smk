@@ -2,10 +2,12 @@ rule final_summary:
     input:
         unpack(lambda wildcards: summary_inputs()),
         **stage_inputs("scripts/summarize.py"),
+    # update(): Snakemake keeps the previous summary until this job succeeds, and restores it
+    # if the job fails (a damaged result then costs one line, not the last good summary).
     output:
-        md="results/final/final_summary.md",
-        leaderboard="results/final/leaderboard.json",
-        plot="results/final/speedup.png",
+        md=update("results/final/final_summary.md"),
+        leaderboard=update("results/final/leaderboard.json"),
+        plot=update("results/final/speedup.png"),
     log:
         "results/logs/final_summary.log",
     conda:

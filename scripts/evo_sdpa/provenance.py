@@ -1,0 +1,64 @@
+"""Where a result was measured, recorded by the job that measured it: the git state, a digest of
+the variant's sources and the card. The environment record is older than a kernel edit and the
+DAG's device identity is the submitting host's, so only these say what a number was taken on;
+the summary prints them per variant and refuses to pass off one card's numbers as another's."""
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from pathlib import Path
+
+from .device import CPU_DEVICE_ID, cuda_available, normalise_uuid, query_gpu
+
+REPO = Path(__file__).resolve().parents[2]
+DIGEST_CHARS = 16
+KEY = "measured_at"
+
+
+def _run(argv: list[str]) -> str | None:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
+    except (subprocess.SubprocessError, OSError):
+        return None
+
+
+def git_state(repo: Path = REPO) -> dict:
+    """HEAD and whether tracked files differ from it (None for either when git cannot say)."""
+    commit = _run(["git", "-C", str(repo), "rev-parse", "HEAD"])
+    status = _run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"])
+    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+
+
+def sources_digest(paths: list[Path]) -> str:
+    """sha256 over each file's name and bytes, in a fixed order: equal digests, equal sources."""
+    digest = hashlib.sha256()
+    for path in sorted(paths, key=lambda p: str(p)):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:DIGEST_CHARS]
+
+
+def card() -> dict:
+    """The card this process measures on (torch's current device, UUID when the driver gives
+    one), or the CPU on a host without a CUDA device."""
+    if not cuda_available():
+        return {"name": CPU_DEVICE_ID, "uuid": None, "compute_capability": None}
+    import torch
+
+    index = torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    uuid = normalise_uuid(str(props.uuid)) if getattr(props, "uuid", None) else None
+    if uuid is None:
+        visible = query_gpu()
+        uuid = visible.uuid if visible and visible.name == props.name else None
+    return {"name": props.name, "uuid": uuid, "compute_capability": f"{props.major}.{props.minor}"}
+
+
+def stamp(record: dict, sources: list[Path] | None = None, measured_on_card: bool = False) -> dict:
+    """Add where this record was made: git state, the digest of the variant's sources
+    (deps.variant_inputs) and the card when the stage ran something on it. Returns the record."""
+    record[KEY] = {
+        "git": git_state(),
+        "sources": sources_digest(sources) if sources is not None else None,
+        "card": card() if measured_on_card else None,
+    }
+    return record

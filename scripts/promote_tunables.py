@@ -1,0 +1,32 @@
+"""Make an evolution's winner the variant's defaults: rewrite the `default:` of each tunable the
+winner changed in kernels/<variant>/variant.yaml (comments and layout kept). Not a stage: run it
+by hand after reading best.json, then rerun the pipeline."""
+from evo_sdpa.cli import parser
+from evo_sdpa.errors import StageError, run_stage
+from evo_sdpa.io import read_json, write_text
+from evo_sdpa.tunables import changed, promote_defaults, resolve
+from evo_sdpa.variants import KERNELS_DIR, METADATA_FILE, load_variant
+
+
+def main() -> None:
+    p = parser(__doc__)
+    p.add_argument("--variant", required=True)
+    p.add_argument("--best", required=True, help="results/evolve/<variant>/best.json")
+    args = p.parse_args()
+    best = read_json(args.best)
+    winner = best.get("winner")
+    if best.get("variant") != args.variant or not winner:
+        raise StageError(f"{args.best}: no winner of {args.variant} to promote (status {best.get('status')!r})")
+    if winner.get("source_dir"):
+        raise StageError(f"{args.best}: the winner is a proposer's code ({winner['source_dir']}): "
+                         "review and copy that folder over the variant by hand")
+    variant = load_variant(KERNELS_DIR / args.variant)
+    updates = changed(variant, resolve(variant, winner["tunables"]))
+    path = KERNELS_DIR / args.variant / METADATA_FILE
+    write_text(path, promote_defaults(path.read_text(), updates))
+    load_variant(KERNELS_DIR / args.variant)  # still valid
+    print(f"{path}: " + (", ".join(f"{k} -> {v}" for k, v in updates.items()) or "already the defaults"))
+
+
+if __name__ == "__main__":
+    run_stage(main)

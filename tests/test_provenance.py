@@ -1,0 +1,223 @@
+"""Where a result was measured and on which card: reading damaged results, the DAG-time device
+identity (CUDA_VISIBLE_DEVICES by index, UUID or MIG; nvidia-smi missing; the cache), and the
+stamp every measuring stage adds to its record."""
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from evo_sdpa import device, provenance
+from evo_sdpa.deps import ABI_HEADER, variant_inputs
+from evo_sdpa.errors import StageError
+from evo_sdpa.io import read_json, read_record, read_verdict, write_json
+from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+# ================================================================ damaged results
+
+
+def test_truncated_json_is_one_line_naming_the_file_and_the_fix(tmp_path):
+    path = tmp_path / "results" / "parity" / "v1_scalar.json"
+    write_json(path, {"status": "pass", "reasons": [], "cases": 12})
+    path.write_text(path.read_text()[:20])
+    with pytest.raises(StageError) as excinfo:
+        read_json(path)
+    message = str(excinfo.value)
+    assert "\n" not in message
+    assert message.startswith(f"{path}: not valid JSON (")
+    assert message.endswith(f"rebuild it: snakemake --cores 1 results/final/final_summary.md --forcerun {path}")
+
+
+def test_missing_result_names_the_file_and_the_fix(tmp_path):
+    path = tmp_path / "bench" / "v1_scalar.json"
+    with pytest.raises(StageError, match=r"bench/v1_scalar.json: missing .*--forcerun .*bench/v1_scalar.json$"):
+        read_json(path)
+
+
+def test_a_record_without_status_is_not_a_stage_record(tmp_path):
+    path = tmp_path / "r.json"
+    write_json(path, ["not", "a", "record"])
+    with pytest.raises(StageError, match="not a stage record"):
+        read_record(path)
+    write_json(path, {"status": "measured", "reasons": []})
+    with pytest.raises(StageError, match="not a verdict file"):
+        read_verdict(path)
+
+
+def test_binary_garbage_is_a_damaged_result(tmp_path):
+    path = tmp_path / "g.json"
+    path.write_bytes(b"\xff\xfe\x00garbage")
+    with pytest.raises(StageError, match="not valid JSON"):
+        read_json(path)
+
+
+# ================================================================ DAG-time device identity
+
+SMI_TWO = ("0, GPU-aaaaaaaa-1111-2222-3333-444444444444, NVIDIA H100 80GB HBM3, 9.0\n"
+           "1, GPU-bbbbbbbb-1111-2222-3333-444444444444, NVIDIA H200, 9.0\n")
+SMI_L = ("GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-aaaaaaaa-1111-2222-3333-444444444444)\n"
+         "GPU 1: NVIDIA H200 (UUID: GPU-bbbbbbbb-1111-2222-3333-444444444444)\n"
+         "  MIG 1g.18gb     Device  0: (UUID: MIG-cccccccc-1111-2222-3333-444444444444)\n")
+
+
+@pytest.fixture
+def fake_smi(monkeypatch):
+    """nvidia-smi on PATH answering SMI_TWO (and SMI_L for -L); records the calls."""
+    calls = []
+
+    def run(argv, **kwargs):
+        calls.append(argv)
+        out = SMI_L if "-L" in argv else SMI_TWO
+        return subprocess.CompletedProcess(argv, 0, stdout=out, stderr="")
+
+    monkeypatch.delenv("EVO_SDPA_FORCE_CPU", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(device, "find_tool", lambda name: "/usr/bin/nvidia-smi" if name == "nvidia-smi" else None)
+    monkeypatch.setattr(device.subprocess, "run", run)
+    return calls
+
+
+@pytest.mark.parametrize("visible, expected", [
+    (None, "NVIDIA H100 80GB HBM3"),
+    ("0", "NVIDIA H100 80GB HBM3"),
+    ("1", "NVIDIA H200"),
+    ("1,0", "NVIDIA H200"),
+    ("GPU-bbbbbbbb-1111-2222-3333-444444444444", "NVIDIA H200"),
+    ("GPU-bbbbbbbb", "NVIDIA H200"),                       # a unique prefix, as CUDA accepts
+    ("bbbbbbbb-1111-2222-3333-444444444444", "NVIDIA H200"),
+    ("MIG-cccccccc-1111-2222-3333-444444444444", "NVIDIA H200"),
+    ("", None),
+    ("-1", None),
+    ("7", None),                                            # no such device: CUDA sees none
+    ("GPU-", None),                                         # ambiguous prefix: not guessed
+])
+def test_cuda_visible_devices_picks_the_card_cuda_sees(fake_smi, monkeypatch, visible, expected):
+    if visible is not None:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    gpu = device.query_gpu()
+    assert (gpu.name if gpu else None) == expected
+
+
+def test_uuid_in_cuda_visible_devices_does_not_fall_back_to_index_0(fake_smi, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbbbbbb-1111-2222-3333-444444444444")
+    gpu = device.query_gpu()
+    assert gpu.index == 1 and gpu.uuid == "GPU-bbbbbbbb-1111-2222-3333-444444444444"
+    assert gpu.device_id == "NVIDIA H200 (cc 9.0)"
+
+
+def test_mig_instance_keeps_its_own_uuid(fake_smi, monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "MIG-cccccccc-1111-2222-3333-444444444444")
+    gpu = device.query_gpu()
+    assert gpu.uuid.startswith("MIG-cccccccc") and gpu.index == 1
+    assert any("-L" in argv for argv in fake_smi)
+
+
+def test_without_nvidia_smi_a_gpu_torch_sees_is_not_cpu(monkeypatch):
+    monkeypatch.delenv("EVO_SDPA_FORCE_CPU", raising=False)
+    monkeypatch.setattr(device, "find_tool", lambda name: None)
+    monkeypatch.setattr(device, "nvidia_driver_present", lambda: True)
+    monkeypatch.setattr(device, "torch_gpu", lambda: device.GpuIdentity("NVIDIA H100 80GB HBM3", "9.0", 0, "GPU-aaaa"))
+    assert device.device_id(device.query_gpu()) == "NVIDIA H100 80GB HBM3 (cc 9.0)"
+
+
+def test_without_nvidia_smi_or_driver_torch_is_not_imported(monkeypatch):
+    monkeypatch.delenv("EVO_SDPA_FORCE_CPU", raising=False)
+    monkeypatch.setattr(device, "find_tool", lambda name: None)
+    monkeypatch.setattr(device, "nvidia_driver_present", lambda: False)
+    monkeypatch.setattr(device, "torch_gpu", lambda: pytest.fail("torch asked on a host without a driver"))
+    assert device.query_gpu() is None
+    assert device.query_gpu_cached(Path("/nonexistent/cache.json")) is None
+
+
+def test_force_cpu_wins(fake_smi, monkeypatch):
+    monkeypatch.setenv("EVO_SDPA_FORCE_CPU", "1")
+    assert device.query_gpu() is None and fake_smi == []
+
+
+def test_identity_is_cached_until_the_visible_set_changes(fake_smi, monkeypatch, tmp_path):
+    cache = tmp_path / ".snakemake" / "evo_sdpa" / "gpu_identity.json"
+    first = device.query_gpu_cached(cache)
+    assert first.name == "NVIDIA H100 80GB HBM3" and len(fake_smi) == 1
+    assert device.query_gpu_cached(cache) == first and len(fake_smi) == 1, "the second build asks nobody"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")
+    assert device.query_gpu_cached(cache).name == "NVIDIA H200" and len(fake_smi) == 2
+    cache.write_text("{broken")
+    assert device.query_gpu_cached(cache).name == "NVIDIA H200", "a damaged cache is asked again"
+    assert json.loads(cache.read_text())["gpu"]["uuid"].startswith("GPU-bbbbbbbb")
+
+
+# ================================================================ the stamp
+
+
+def git(repo: Path, *args: str) -> None:
+    subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True)
+
+
+def test_git_state_sees_an_uncommitted_edit(tmp_path):
+    git(tmp_path, "init", "-q")
+    (tmp_path / "kernel.cu").write_text("// v1\n")
+    git(tmp_path, "add", "kernel.cu")
+    git(tmp_path, "-c", "user.email=a@b", "-c", "user.name=t", "commit", "-qm", "v1")
+    clean = provenance.git_state(tmp_path)
+    assert len(clean["commit"]) == 40 and clean["dirty"] is False
+    (tmp_path / "kernel.cu").write_text("// v2\n")
+    assert provenance.git_state(tmp_path) == {**clean, "dirty": True}
+
+
+def test_git_state_outside_a_repository_is_unknown(tmp_path):
+    assert provenance.git_state(tmp_path) == {"commit": None, "dirty": None}
+
+
+def test_sources_digest_changes_with_any_source(tmp_path):
+    a, b = tmp_path / "kernel.cu", tmp_path / "tile.cuh"
+    a.write_text("x")
+    b.write_text("y")
+    before = provenance.sources_digest([a, b])
+    assert before == provenance.sources_digest([b, a]) and len(before) == provenance.DIGEST_CHARS
+    b.write_text("y // edited")
+    assert provenance.sources_digest([a, b]) != before
+
+
+def test_variant_inputs_are_what_the_rules_list():
+    cuda = load_variant(KERNELS_DIR / "v1_scalar")
+    assert variant_inputs(cuda)[0].name == "variant.yaml" and variant_inputs(cuda)[-1] == ABI_HEADER
+    assert set(cuda.sources) <= set(variant_inputs(cuda))
+    assert ABI_HEADER not in variant_inputs(load_variant(KERNELS_DIR / "triton_flash"))
+
+
+def test_stamp_records_git_sources_and_card(monkeypatch):
+    monkeypatch.setenv("EVO_SDPA_FORCE_CPU", "1")
+    variant = load_variant(KERNELS_DIR / "v1_scalar")
+    record = provenance.stamp({"status": "pass"}, variant_inputs(variant), measured_on_card=True)
+    stamp = record["measured_at"]
+    assert set(stamp["git"]) == {"commit", "dirty"}
+    assert stamp["sources"] == provenance.sources_digest(variant_inputs(variant))
+    assert stamp["card"] == {"name": "cpu", "uuid": None, "compute_capability": None}
+    assert provenance.stamp({"status": "skipped"})["measured_at"]["card"] is None
+
+
+def test_card_reads_the_uuid_torch_gives(monkeypatch):
+    class Props:
+        name, major, minor, uuid = "NVIDIA H100 80GB HBM3", 9, 0, "aaaaaaaa-1111-2222-3333-444444444444"
+
+    import torch
+
+    monkeypatch.setattr(provenance, "cuda_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda index: Props())
+    assert provenance.card() == {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaaaaaa-1111-2222-3333-444444444444",
+                                 "compute_capability": "9.0"}
+
+
+def test_damaged_ncu_csv_is_one_line_naming_it(tmp_path):
+    from evo_sdpa.ncu import read_raw_csv
+
+    path = tmp_path / "report.csv"
+    path.write_text('==PROF== Connected to process 4242\n"Kernel Na')
+    with pytest.raises(StageError) as excinfo:
+        read_raw_csv(path)
+    assert str(excinfo.value).startswith(f"{path}: not an ncu raw-page CSV (") and "--forcerun" in str(excinfo.value)
+    with pytest.raises(StageError, match="not an ncu raw-page CSV"):
+        read_raw_csv(tmp_path / "absent.csv")
