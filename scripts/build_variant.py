@@ -2,6 +2,7 @@
 from pathlib import Path
 
 from evo_sdpa.build import build_variant
+from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
 from evo_sdpa.errors import run_stage
@@ -21,6 +22,8 @@ def main() -> None:
     args = p.parse_args()
     log = setup_logging()
     variant = load_variant(KERNELS_DIR / args.variant)
+    if variant.kind == "triton":  # Triton compiles by launching: on the card when there is one
+        hold_card(f"build_variant {args.variant}", log)
     outdir = Path(args.verdict).parent
     verdict, resources, text = build_variant(variant, args.compute_capability, outdir,
                                              args.config_json["build"].get("cutlass_include"))

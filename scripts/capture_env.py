@@ -1,4 +1,5 @@
 """Stage: capture the environment (device, versions, git state, measured ceilings)."""
+from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import parser, setup_logging
 from evo_sdpa.envinfo import capture
 from evo_sdpa.errors import run_stage
@@ -10,7 +11,9 @@ def main() -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     log = setup_logging()
+    lock = hold_card("env_capture", log)
     env = capture()
+    env["lock"] = lock
     log.info("device: %s", env["device"]["name"] if env["device"] else env["not_measured"])
     write_json(args.out, env)
 

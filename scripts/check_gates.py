@@ -1,20 +1,33 @@
-"""Gate target: exit non-zero when a configured gate fails (for CI on a GPU host)."""
+"""Gate target: exit non-zero, one line, when a configured gate fails: a required variant fails a
+correctness gate or misses the minimum speedup, or a variant is slower than in the last accepted
+run on the same card beyond the threshold and the noise (for CI on a GPU host)."""
+from pathlib import Path
+
+from evo_sdpa import history
 from evo_sdpa.cli import config_arg, parser
 from evo_sdpa.errors import fail, run_stage
-from evo_sdpa.gates import evaluate
+from evo_sdpa.gates import evaluate, regressions
 from evo_sdpa.io import read_json, write_json
 
 
 def main() -> None:
     p = parser(__doc__)
     p.add_argument("--leaderboard", required=True)
+    p.add_argument("--history-entry", required=True)
+    p.add_argument("--history", required=True)
     config_arg(p)
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    failures = evaluate(read_json(args.leaderboard), args.config_json["gates"])
+    gates = args.config_json["gates"]
+    pointer = read_json(args.history_entry)
+    current = Path(pointer["entry"])
+    base = history.previous(Path(args.history), pointer["device"], current, accepted_only=True)
+    against = regressions(read_json(current), read_json(base) if base else None, gates)
+    failures = evaluate(read_json(args.leaderboard), gates) + against["failures"]
     if failures:
         fail("gate failed: " + "; ".join(failures))
-    write_json(args.out, {"status": "pass", "gates": args.config_json["gates"]})
+    write_json(args.out, {"status": "pass", "gates": gates, "entry": str(current),
+                          "accepted_baseline": str(base) if base else None, "comparison": against["comparison"]})
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ import csv
 import io
 
 from evo_sdpa.baseline import cpu_cases, gpu_cases
+from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.config import suite_shapes
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
@@ -23,6 +24,7 @@ def main() -> None:
     p.add_argument("--csv", required=True)
     args = p.parse_args()
     log = setup_logging()
+    hold_card("sdpa_baseline", log)
     cfg = args.config_json
     shapes = suite_shapes(cfg, cfg["baseline_suite"])
     if cuda_available():

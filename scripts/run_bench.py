@@ -1,4 +1,5 @@
 """Stage: time one variant against SDPA in the same process on the bench suite."""
+from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.config import suite_shapes
 from evo_sdpa.deps import variant_inputs
@@ -21,6 +22,7 @@ def main() -> None:
     p.add_argument("--out", required=True)
     args = p.parse_args()
     log = setup_logging()
+    hold_card(f"bench {args.variant}", log)
     cfg = args.config_json
     cause = blocked_by(build=args.build, sanitizer=args.sanitizer, parity=args.parity)
     variant = load_variant(KERNELS_DIR / args.variant)

@@ -1,6 +1,7 @@
 """Stage: Nsight Compute (--set full, clocks left alone) on one variant or SDPA's default."""
 from pathlib import Path
 
+from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
@@ -38,6 +39,7 @@ def main() -> None:
     p.add_argument("--status", required=True)
     args = p.parse_args()
     log = setup_logging()
+    hold_card(f"ncu {args.entry}", log)
     cfg = args.config_json["profile"]
     shape, dtype = cfg["shape"], cfg["dtype"]
     results = Path(args.status).parents[2]

@@ -3,6 +3,7 @@ import json
 import os
 import shlex
 
+from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
@@ -25,6 +26,7 @@ def main() -> None:
     p.add_argument("--case", help="run only the case with this id (what a failure's repro names)")
     args = p.parse_args()
     log = setup_logging()
+    hold_card(f"parity {args.variant}", log)
     cfg = args.config_json
     variant = load_variant(KERNELS_DIR / args.variant)
     sources = variant_inputs(variant)

@@ -2,6 +2,7 @@
 import sys
 from pathlib import Path
 
+from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
@@ -24,6 +25,7 @@ def main() -> None:
     p.add_argument("--verdict", required=True)
     args = p.parse_args()
     log = setup_logging()
+    hold_card(f"sanitizer {args.variant}", log)
     cfg = args.config_json["sanitizer"]
     cause = blocked_by(build=args.build)
     if not args.enabled:

@@ -311,3 +311,16 @@ def test_evolve_elites_below_population(cfg):
 def test_evolve_is_required(cfg):
     del cfg["evolve"]
     assert error_of(cfg) == "config: key 'evolve' is missing (add it)"
+
+
+@pytest.mark.parametrize("key, value, allowed", [("regression_threshold", -0.1, "minimum 0"),
+                                                 ("regression_threshold", "2%", "expected number"),
+                                                 ("regression_noise_iqr", -1, "minimum 0")])
+def test_regression_gate_keys_are_checked(cfg, key, value, allowed):
+    cfg["gates"][key] = value
+    message = error_of(cfg)
+    assert f"'gates.{key}'" in message and allowed in message
+
+
+def test_shipped_regression_threshold_is_two_percent(shipped):
+    assert shipped["gates"]["regression_threshold"] == 0.02

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -238,6 +239,8 @@ def test_every_stage_stamps_where_it_ran(finished_run):
         assert len(set(digests.values())) == 1 and None not in digests.values(), (variant, digests)
         for stage, record in records.items():
             assert record["measured_at"]["git"] == {"commit": head, "dirty": False}, (variant, stage)
+            assert record["measured_at"]["host"] == platform.node(), (variant, stage)
+            assert record["measured_at"]["lock"] is None, (variant, stage)  # no card, no lock
     env = json.loads((results / "env" / "environment.json").read_text())
     assert env["card"] == {"name": "cpu", "uuid": None, "compute_capability": None}
     baseline = json.loads((results / "baseline" / "sdpa.json").read_text())
@@ -310,3 +313,61 @@ def test_deleted_intermediate_warns_with_the_command_that_rebuilds_it(run_copy):
                     "results/final/final_summary.md --forcerun results/parity/v1_scalar.json"]
     jobs = planned_jobs(run_copy, "results/final/final_summary.md", "--forcerun", "results/parity/v1_scalar.json")
     assert {("parity", "v1_scalar"), ("bench", "v1_scalar"), ("final_summary", "")} <= jobs
+
+
+def decoded_results(html: str) -> list[bytes]:
+    """Every file the self-contained report embeds (base64 data URIs)."""
+    import base64
+    import re
+
+    return [base64.b64decode(m) for m in re.findall(r"data:[^,\"']*;base64,([A-Za-z0-9+/=]+)", html)]
+
+
+def test_html_report_shows_the_summary_plots_and_bottlenecks(finished_run):
+    """`snakemake --report` builds one self-contained HTML file with the summary, the plots and
+    each variant's bottlenecks, under the categories of their stages."""
+    snakemake(finished_run, "--report", "results/final/report.html", "--configfile", "config/test.yaml")
+    html = (finished_run / "results/final/report.html").read_text()
+    for name in ("final_summary.md", "speedup.png", "roofline.png", "latency.png", "bottlenecks.md",
+                 "1. Summary", "2. Plots", "3. Bottlenecks"):
+        assert name in html, name
+    files = decoded_results(html)
+    assert any(f.startswith(b"# evo-sdpa final summary") and b"## Verdict" in f for f in files)
+    assert sum(f.startswith(b"\x89PNG") for f in files) >= 4
+    bottlenecks = [f for f in files if f.startswith(b"# Bottlenecks: ")]
+    assert {f.splitlines()[0] for f in bottlenecks} >= {b"# Bottlenecks: sdpa", b"# Bottlenecks: v1_scalar"}
+
+
+def test_history_gate_and_accept_after_a_run(run_copy):
+    """The summary appended this run under results/history/<device>/; the gate passes with no
+    accepted run; accepting is one command; a rerun appends, never rewrites."""
+    pointer = json.loads((run_copy / "results/final/history_entry.json").read_text())
+    first = run_copy / pointer["entry"]
+    assert first.parent.parent == run_copy / "results/history" and first.exists()
+    snakemake(run_copy, "--cores", "1", "results/final/gates.json", "--configfile", "config/test.yaml")
+    subprocess.run([sys.executable, "scripts/accept_run.py"], cwd=run_copy, check=True, capture_output=True)
+    assert first.with_name(first.name + ".accepted").exists()
+    before = first.read_text()
+    snakemake(run_copy, "--cores", "1", "results/final/gates.json", "--configfile", "config/test.yaml",
+              "--forcerun", "final_summary")
+    entries = sorted(first.parent.glob("*.json"))
+    assert len(entries) == 2 and first.read_text() == before
+    summary = (run_copy / "results/final/final_summary.md").read_text()
+    assert "Since the previous run on this card (" in summary
+
+
+def test_bundle_target_and_its_rerun_script_say_what_they_can_do_here(run_copy, tmp_path):
+    import tarfile
+
+    snakemake(run_copy, "--cores", "1", "results/final/bundle.tar.gz", "--configfile", "config/test.yaml")
+    with tarfile.open(run_copy / "results/final/bundle.tar.gz") as tar:
+        tar.extractall(tmp_path / "b", filter="data")
+    root = tmp_path / "b" / "evo-sdpa-bundle"
+    manifest = json.loads((root / "MANIFEST.json").read_text())
+    assert {"results/env/environment.json", "config.json", "kernels/triton_flash/variant.yaml",
+            "results/bench/triton_flash.json", "results/final/final_summary.md"} <= set(manifest["files"])
+    proc = subprocess.run([sys.executable, "rerun_bench.py", "triton_flash"], cwd=root, env=CPU_ENV,
+                          capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1] == ("evo-sdpa: rerun: triton_flash not measured: "
+                                                    "no CUDA device on this host")

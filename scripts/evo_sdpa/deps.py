@@ -19,6 +19,7 @@ ABI_HEADER = REPO / "kernels" / "common" / "evo_sdpa_abi.h"
 DATA_FILES = {
     "schema": ["workflow/schemas/config.schema.yaml", "workflow/schemas/variant.schema.yaml"],
     "report": ["scripts/evo_sdpa/templates/final_summary.md.j2"],
+    "bundle": ["scripts/evo_sdpa/templates/rerun_bench.py"],
 }
 # Each parsed file's imports, keyed by its size and mtime: parsing every module is most of what
 # listing the rules' inputs costs when the DAG is built, and few change between two runs.

@@ -1,13 +1,16 @@
 """Where a result was measured, recorded by the job that measured it: the git state, a digest of
-the variant's sources and the card. The environment record is older than a kernel edit and the
-DAG's device identity is the submitting host's, so only these say what a number was taken on;
-the summary prints them per variant and refuses to pass off one card's numbers as another's."""
+the variant's sources, the host, the card and the card lock the job held (cardlock). The
+environment record is older than a kernel edit and the DAG's device identity is the submitting
+host's, so only these say what a number was taken on; the summary prints them per variant and
+refuses to pass off one card's numbers as another's."""
 from __future__ import annotations
 
 import hashlib
+import platform
 import subprocess
 from pathlib import Path
 
+from . import cardlock
 from .device import CPU_DEVICE_ID, cuda_available, normalise_uuid, query_gpu
 
 REPO = Path(__file__).resolve().parents[2]
@@ -55,10 +58,13 @@ def card() -> dict:
 
 def stamp(record: dict, sources: list[Path] | None = None, measured_on_card: bool = False) -> dict:
     """Add where this record was made: git state, the digest of the variant's sources
-    (deps.variant_inputs) and the card when the stage ran something on it. Returns the record."""
+    (deps.variant_inputs), the host, and the card and its lock when the stage ran something on
+    it (the lock: which card the job held, how long it waited for it). Returns the record."""
     record[KEY] = {
         "git": git_state(),
         "sources": sources_digest(sources) if sources is not None else None,
+        "host": platform.node(),
         "card": card() if measured_on_card else None,
+        "lock": cardlock.current() if measured_on_card else None,
     }
     return record

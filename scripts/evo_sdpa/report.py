@@ -67,6 +67,8 @@ def speedup_rows(bench: dict) -> list[dict]:
             "variant_p50_us": mode["variant"]["p50_us"], "variant_p90_us": mode["variant"]["p90_us"],
             "sdpa_p50_us": mode["sdpa"]["p50_us"], "sdpa_p90_us": mode["sdpa"]["p90_us"],
             "speedup_p50": mode["speedup_p50"], "speedup_p90": mode["speedup_p90"],
+            "variant_iqr_us": mode["variant"].get("iqr_us"), "sdpa_iqr_us": mode["sdpa"].get("iqr_us"),
+            "variant_p99_us": mode["variant"].get("p99_us"), "sdpa_p99_us": mode["sdpa"].get("p99_us"),
             "variant_tflops": mode["variant_tflops"], "recheck": case["recheck"]["status"],
             "sanity_flag": mode["sanity_flag"], "ended_by": mode["ended_by"],
         })
@@ -141,6 +143,7 @@ def variant_entry(results: Path, name: str) -> dict:
         "sanity_flags": records["bench"].get("sanity_flags", []),
         "bottlenecks": top_findings(records["analysis"]),
         "roofline": records["analysis"].get("roofline"),
+        "sm_busy_pct": (records["analysis"].get("key_metrics") or {}).get("sm_throughput_pct"),
         "measured_at": states,
         "measured_at_label": state_label(states),
         "cards": stage_cards(records),
@@ -361,14 +364,20 @@ def plot_speedups(leaderboard: dict, path: str) -> None:
         names = sorted({name for name, _ in rows})
         width = 0.8 / len(names)
         for i, name in enumerate(names):
-            values = {f"{r['shape']} {r['dtype']}": r["speedup_p50"] for n, r in rows if n == name}
+            values = {f"{r['shape']} {r['dtype']}": r for n, r in rows if n == name}
             xs = [j + i * width for j in range(len(labels))]
-            ax.bar(xs, [values.get(lbl, float("nan")) for lbl in labels], width, label=name)
+            p50 = [values[lbl]["speedup_p50"] if lbl in values else float("nan") for lbl in labels]
+            p90 = [values[lbl]["speedup_p90"] if lbl in values else float("nan") for lbl in labels]
+            ax.bar(xs, p50, width, label=name)
+            # The whisker runs from the p50 speedup to the p90 speedup: the tail against SDPA's tail.
+            lower = [max(a - b, 0.0) if a == a and b == b else 0.0 for a, b in zip(p50, p90)]
+            upper = [max(b - a, 0.0) if a == a and b == b else 0.0 for a, b in zip(p50, p90)]
+            ax.errorbar(xs, p50, yerr=[lower, upper], fmt="none", ecolor="black", capsize=2, linewidth=0.8)
         ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--")
         ax.set_yscale("log")  # rungs of the ladder differ by orders of magnitude
         ax.set_xticks([j + 0.4 - width / 2 for j in range(len(labels))], labels, fontsize=7,
                       rotation=30, ha="right")
-        ax.set_ylabel("speedup vs SDPA (p50, same run, log)")
+        ax.set_ylabel("speedup vs SDPA (bar p50, whisker to p90; same run, log)")
         ax.set_title(f"evo-sdpa speedups on {leaderboard['device']}")
         ax.legend(fontsize=8)
     fig.tight_layout()

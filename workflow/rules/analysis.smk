@@ -6,7 +6,7 @@ rule analysis:
         **stage_inputs("scripts/analyze_profile.py"),
     output:
         json="results/analysis/{variant}/bottlenecks.json",
-        md="results/analysis/{variant}/bottlenecks.md",
+        md=report("results/analysis/{variant}/bottlenecks.md", caption="../report/bottlenecks.rst", category="3. Bottlenecks", subcategory="{variant}"),
     log:
         "results/logs/analysis/{variant}.log",
     conda:

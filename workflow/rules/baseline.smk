@@ -4,7 +4,7 @@ rule sdpa_baseline:
         **stage_inputs("scripts/run_baseline.py"),
     output:
         json="results/baseline/sdpa.json",
-        csv="results/baseline/sdpa.csv",
+        csv=report("results/baseline/sdpa.csv", caption="../report/baseline.rst", category="4. Baseline"),
     log:
         "results/logs/sdpa_baseline.log",
     conda:
@@ -13,7 +13,7 @@ rule sdpa_baseline:
         device=DEVICE_ID,
         cfg=config_json("shape_suites", "baseline_suite", "dtypes", "timing", "cpu_baseline_max_gflop"),
     resources:
-        gpu=1 if GPU else 0,
+        **gpu_request(),
     shell:
         "python3 {input.script} --env {input.env} --config-json {params.cfg:q}"
         " --json {output.json} --csv {output.csv} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"

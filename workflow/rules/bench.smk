@@ -7,7 +7,7 @@ rule bench:
         sources=get_variant_sources,
         **stage_inputs("scripts/run_bench.py"),
     output:
-        json="results/bench/{variant}.json",
+        json=report("results/bench/{variant}.json", caption="../report/bench.rst", category="7. Bench", subcategory="{variant}"),
     log:
         "results/logs/bench/{variant}.log",
     conda:
@@ -16,7 +16,7 @@ rule bench:
         device=DEVICE_ID,
         cfg=config_json("shape_suites", "bench_suite", "dtypes", "timing", "tolerance"),
     resources:
-        gpu=1 if GPU else 0,
+        **gpu_request(),
     shell:
         "python3 {input.script} --variant {wildcards.variant} --env {input.env}"
         " --build {input.build} --sanitizer {input.sanitizer} --parity {input.parity}"

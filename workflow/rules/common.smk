@@ -3,6 +3,8 @@ import json
 import sys
 from pathlib import Path
 
+from snakemake.exceptions import WorkflowError
+
 sys.path.insert(0, str(Path(workflow.basedir) / "scripts"))
 
 from evo_sdpa.config import check_config
@@ -15,6 +17,7 @@ from evo_sdpa.variants import RESERVED, discover, select
 # Every shell command ends in `|| (tail -n 1 {log} >&2; exit 1)`: a stage that cannot reach a
 # verdict ends its log with one line naming the problem and the fix, and that line is repeated
 # on the console so it is not buried behind Snakemake's error report.
+HISTORY = "results/history"  # every run's leaderboard by card; written by the summary, owned by no rule
 SDPA_ENTRY = "sdpa"  # the reference entry beside the variants in the profile and analysis stages
 
 
@@ -64,9 +67,36 @@ def get_variant_sources(wildcards):
     return [str(p.relative_to(Path(workflow.basedir))) for p in variant_inputs(variant)]
 
 
+def gpu_slots(wildcards=None):
+    """A GPU job asks for one card where there is one to run on: this host's GPU, or a cluster's
+    GPU node whatever the submitting host has (a login node often has none). Asked when the DAG
+    is built, once the executor is known (not yet when the Snakefile is read). Which card the job
+    gets is its own business: it locks a free one (evo_sdpa.cardlock) and sees only that one."""
+    return 1 if GPU or not workflow.local_exec else 0
+
+
+def gpu_request():
+    """The resources of a GPU job: the `gpu` count (the SLURM executor turns it into --gpus) and,
+    where config names a GPU model, the constraint that picks its nodes (ignored locally)."""
+    request = {"gpu": gpu_slots}
+    model = config.get("cluster", {}).get("gpu_model")
+    if model:
+        request["constraint"] = model
+    return request
+
+
+def host_threads():
+    """The threads of a job that may use a whole host: --cores here; on a cluster executor, which
+    has no --cores, what the profile's set-threads gives it (else one node's worth, 16)."""
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return 16
+
+
 def build_gpu_slots(wildcards):
     """Triton compiles by running, so its build holds the GPU; nvcc does not need one."""
-    return 1 if GPU and known_variant(wildcards.variant).kind == "triton" else 0
+    return gpu_slots() if known_variant(wildcards.variant).kind == "triton" else 0
 
 
 def get_profile_inputs(wildcards):

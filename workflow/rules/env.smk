@@ -2,7 +2,7 @@ rule env_capture:
     input:
         **stage_inputs("scripts/capture_env.py"),
     output:
-        json="results/env/environment.json",
+        json=report("results/env/environment.json", caption="../report/environment.rst", category="5. Environment"),
     log:
         "results/logs/env_capture.log",
     conda:
@@ -10,6 +10,6 @@ rule env_capture:
     params:
         device=DEVICE_ID,
     resources:
-        gpu=1 if GPU else 0,
+        **gpu_request(),
     shell:
         "python3 {input.script} --out {output.json} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"

@@ -17,9 +17,9 @@ rule evolve:
         cc=BUILD_CC,
         device=DEVICE_ID,
         cfg=config_json("evolve", "shape_suites", "timing", "tolerance", "parity", "sanitizer", "stages", "build"),
-    threads: workflow.cores
+    threads: host_threads()
     resources:
-        gpu=1 if GPU else 0,
+        **gpu_request(),
     shell:
         "python3 {input.script} --variant {wildcards.variant} --env {input.env} --analysis {input.analysis}"
         " --compute-capability {params.cc} --device {params.device:q} --jobs {threads}"

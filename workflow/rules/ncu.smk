@@ -14,7 +14,7 @@ rule ncu:
         enabled=config["stages"]["ncu"],
         cfg=config_json("profile"),
     resources:
-        gpu=1 if GPU else 0,
+        **gpu_request(),
     # A profile that could not be taken here is a verdict (exit 0, an empty report.csv): its
     # one `evo-sdpa:` line is repeated on the console, not left in status.json alone.
     shell:

@@ -4,7 +4,7 @@ rule parity:
         sources=get_variant_sources,
         **stage_inputs("scripts/run_parity.py"),
     output:
-        json="results/parity/{variant}.json",
+        json=report("results/parity/{variant}.json", caption="../report/parity.rst", category="6. Parity", subcategory="{variant}"),
     log:
         "results/logs/parity/{variant}.log",
     conda:
@@ -13,7 +13,7 @@ rule parity:
         device=DEVICE_ID,
         cfg=config_json("parity", "tolerance"),
     resources:
-        gpu=1 if GPU else 0,
+        **gpu_request(),
     shell:
         "python3 {input.script} --variant {wildcards.variant} --build {input.build}"
         " --config-json {params.cfg:q} --out {output.json} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"

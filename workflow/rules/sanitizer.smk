@@ -14,7 +14,7 @@ rule sanitizer:
         enabled=config["stages"]["sanitizer"],
         cfg=config_json("sanitizer"),
     resources:
-        gpu=1 if GPU else 0,
+        **gpu_request(),
     shell:
         "python3 {input.script} --variant {wildcards.variant} --build {input.build}"
         " --enabled {params.enabled} --config-json {params.cfg:q} --verdict {output.verdict}"

@@ -1,3 +1,6 @@
+# The summary job also appends this run's entry to results/history/<device>/ (a new file, never
+# rewritten): the history is not an output, so no rerun ever deletes it; `history_entry` is the
+# pointer to the entry this run wrote, which the gates read.
 rule final_summary:
     input:
         unpack(lambda wildcards: summary_inputs()),
@@ -5,25 +8,33 @@ rule final_summary:
     # update(): Snakemake keeps the previous summary until this job succeeds, and restores it
     # if the job fails (a damaged result then costs one line, not the last good summary).
     output:
-        md=update("results/final/final_summary.md"),
+        md=report(update("results/final/final_summary.md"), caption="../report/summary.rst", category="1. Summary"),
         leaderboard=update("results/final/leaderboard.json"),
-        plot=update("results/final/speedup.png"),
+        plot=report(update("results/final/speedup.png"), caption="../report/speedup.rst", category="2. Plots"),
+        roofline=report(update("results/final/roofline.png"), caption="../report/roofline.rst", category="2. Plots"),
+        latency=report(update("results/final/latency.png"), caption="../report/latency.rst", category="2. Plots"),
+        evolution=report(update("results/final/evolution.png"), caption="../report/evolution.rst", category="2. Plots"),
+        history_entry=update("results/final/history_entry.json"),
     log:
         "results/logs/final_summary.log",
     conda:
         "../../envs/runtime.yaml"
     params:
         variants=SELECTED,
+        history=HISTORY,
         cfg=config_json("gates", "bench_suite", "shape_suites", "profile"),
     shell:
-        "python3 {input.script} --results results --variants {params.variants}"
+        "python3 {input.script} --results results --history {params.history} --variants {params.variants}"
         " --config-json {params.cfg:q} --md {output.md} --leaderboard {output.leaderboard}"
-        " --plot {output.plot} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
+        " --plot {output.plot} --roofline {output.roofline} --latency {output.latency}"
+        " --evolution {output.evolution} --history-entry {output.history_entry}"
+        " > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
 
 
 rule gates:
     input:
         leaderboard=rules.final_summary.output.leaderboard,
+        history_entry=rules.final_summary.output.history_entry,
         **stage_inputs("scripts/check_gates.py"),
     output:
         "results/final/gates.json",
@@ -32,7 +43,30 @@ rule gates:
     conda:
         "../../envs/runtime.yaml"
     params:
+        history=HISTORY,
         cfg=config_json("gates"),
     shell:
-        "python3 {input.script} --leaderboard {input.leaderboard} --config-json {params.cfg:q}"
-        " --out {output} 2> {log} || (tail -n 1 {log} >&2; exit 1)"
+        "python3 {input.script} --leaderboard {input.leaderboard} --history-entry {input.history_entry}"
+        " --history {params.history} --config-json {params.cfg:q} --out {output} 2> {log}"
+        " || (tail -n 1 {log} >&2; exit 1)"
+
+
+# The reproducibility bundle: everything the run measured and the code and config that measured
+# it, with checksums, and rerun_bench.py to time one variant again from the bundle.
+rule bundle:
+    input:
+        summary=rules.final_summary.output.md,
+        leaderboard=rules.final_summary.output.leaderboard,
+        **stage_inputs("scripts/make_bundle.py"),
+    output:
+        "results/final/bundle.tar.gz",
+    log:
+        "results/logs/bundle.log",
+    conda:
+        "../../envs/runtime.yaml"
+    params:
+        cc=BUILD_CC,
+        cfg=config_json(*sorted(config)),
+    shell:
+        "python3 {input.script} --results results --leaderboard {input.leaderboard} --compute-capability {params.cc}"
+        " --config-json {params.cfg:q} --out {output} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
