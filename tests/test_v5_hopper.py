@@ -100,7 +100,7 @@ def test_two_builds_share_a_process(sm90a_build, tmp_path):
 
     if not sm90_device():
         pytest.skip("v5_hopper runs on compute capability 9.0 only")
-    other, _, _ = build_cuda(v5_variant(("-DV5_HOPPER_PINGPONG=0",)), "9.0", tmp_path)
+    other, _, _ = build_cuda(v5_variant(), "9.0", tmp_path, tunable_values={"pingpong": 0})
     assert other["status"] == "pass", other["reasons"]
     q, k, v = make_qkv(1, 2, 300, 128, torch.float16, "cuda", 0)
     expected = reference(q, k, v, True, 1 / math.sqrt(128))
