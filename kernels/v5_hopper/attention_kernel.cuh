@@ -55,8 +55,8 @@ struct IssueTurn {
 template <class Traits, bool kCausal>
 __device__ void produce(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v) {
-    using BarrierQ = cutlass::arch::ClusterTransactionBarrier;
-    using BarrierQEmpty = cutlass::arch::ClusterBarrier;
+    using BarrierQ = typename Traits::BarrierQ;
+    using BarrierQEmpty = typename Traits::BarrierQEmpty;
     const int S = params.seq_len;
     const auto shape_qk = make_shape(S, int(Traits::kHeadDim), params.heads, params.batch);
     const auto shape_vt = make_shape(int(Traits::kHeadDim), S, params.heads, params.batch);
@@ -112,8 +112,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
                         int consumer_thread) {
     using Element = typename Traits::Element;
-    using BarrierQ = cutlass::arch::ClusterTransactionBarrier;
-    using BarrierQEmpty = cutlass::arch::ClusterBarrier;
+    using BarrierQ = typename Traits::BarrierQ;
+    using BarrierQEmpty = typename Traits::BarrierQEmpty;
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(consumer_thread);
@@ -229,8 +229,8 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
         prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
         prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
-        cutlass::arch::ClusterTransactionBarrier::init(&shared.barrier_q, 1);
-        cutlass::arch::ClusterBarrier::init(&shared.barrier_q_empty, Traits::kConsumerThreads);
+        Traits::BarrierQ::init(&shared.barrier_q, 1);
+        Traits::BarrierQEmpty::init(&shared.barrier_q_empty, Traits::kConsumerThreads);
     }
     // Barriers first, pipeline objects later: built after setmaxnreg, inside each role's branch,
     // nothing but the kernel parameters stays live across the register reallocation (values that

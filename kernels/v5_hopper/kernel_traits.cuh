@@ -91,6 +91,8 @@ struct KernelTraits {
     static constexpr uint32_t kTmaBytesV = sizeof(Element) * size(take<0, 2>(SmemLayoutVt{}));
 
     using Pipeline = cutlass::PipelineTmaAsync<kStages>;
+    using BarrierQ = cutlass::arch::ClusterTransactionBarrier;   // Q's TMA completes on it
+    using BarrierQEmpty = cutlass::arch::ClusterBarrier;          // consumers release Q on it
     using PipelineState = typename Pipeline::PipelineState;
 
     struct SharedStorage {
@@ -100,8 +102,8 @@ struct KernelTraits {
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
         typename Pipeline::SharedStorage pipeline_k;
         typename Pipeline::SharedStorage pipeline_v;
-        cutlass::arch::ClusterTransactionBarrier::ValueType barrier_q;        // Q landed (TMA bytes)
-        cutlass::arch::ClusterBarrier::ValueType barrier_q_empty;             // Q read by every consumer
+        typename BarrierQ::ValueType barrier_q;              // Q landed (TMA bytes)
+        typename BarrierQEmpty::ValueType barrier_q_empty;   // Q read by every consumer
     };
     static constexpr int kSmemBytes = sizeof(SharedStorage);
     static_assert(kSmemBytes <= 227 * 1024, "an H100 CTA has at most 227 KB of shared memory");
