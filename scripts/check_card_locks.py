@@ -1,11 +1,10 @@
 """Check the per-card lock logs (evo_sdpa.cardlock): how many jobs each card ran, and that no
 two of them overlapped on one card. Exits 1, one line per overlap, when any did."""
-import sys
 from pathlib import Path
 
 from evo_sdpa.cardlock import check, lock_dir
 from evo_sdpa.cli import parser
-from evo_sdpa.errors import fail, run_stage
+from evo_sdpa.errors import fail, notice, run_stage
 
 
 def main() -> None:
@@ -17,7 +16,7 @@ def main() -> None:
         print(f"{card}: {jobs} job{'s' if jobs != 1 else ''}")
     if problems:
         for problem in problems[:-1]:
-            print(f"evo-sdpa: {problem}", file=sys.stderr)
+            notice(problem)
         fail(problems[-1])
     print(f"no two jobs overlapped on one card ({len(counts)} cards)")
 

@@ -75,7 +75,7 @@ def test_an_explicit_card_by_nvidia_smi_index_or_uuid_prefix(monkeypatch):
     monkeypatch.delenv(cardlock.FAKE_CARDS_ENV, raising=False)
     monkeypatch.delenv("EVO_SDPA_FORCE_CPU", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    monkeypatch.setattr(cardlock, "_smi_gpus", lambda: device.parse_smi_gpus(SMI_TWO))
+    monkeypatch.setattr(cardlock, "smi_gpus", lambda: device.parse_smi_gpus(SMI_TWO))
     cards = cardlock.visible_cards()
     assert cardlock.choose(cards, "1") == [cards[1]] == cardlock.choose(cards, "GPU-bbbbbbbb")
 
@@ -166,7 +166,7 @@ def test_no_cards_no_lock(tmp_path, monkeypatch):
 def test_the_cards_a_job_may_take_follow_cuda_visible_devices(monkeypatch, visible, expected):
     monkeypatch.delenv(cardlock.FAKE_CARDS_ENV, raising=False)
     monkeypatch.delenv("EVO_SDPA_FORCE_CPU", raising=False)
-    monkeypatch.setattr(cardlock, "_smi_gpus", lambda: device.parse_smi_gpus(SMI_TWO))
+    monkeypatch.setattr(cardlock, "smi_gpus", lambda: device.parse_smi_gpus(SMI_TWO))
     if visible is None:
         monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     else:

@@ -19,13 +19,13 @@ import fcntl
 import json
 import os
 import platform
-import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from .device import find_tool, normalise_uuid, nvidia_driver_present, parse_smi_gpus, pick_visible
+from .device import GpuIdentity, normalise_uuid, nvidia_driver_present, pick_visible, smi_gpus
+from .errors import StageError
 
 LOCK_DIR_ENV = "EVO_SDPA_LOCK_DIR"
 CARD_ENV = "EVO_SDPA_CARD"
@@ -47,16 +47,9 @@ def lock_dir() -> Path:
     return Path(os.environ.get(LOCK_DIR_ENV) or DEFAULT_LOCK_DIR)
 
 
-def _smi_gpus():
-    smi = find_tool("nvidia-smi")
-    if smi is None:
-        return None
-    try:
-        out = subprocess.run([smi, "--query-gpu=index,uuid,name,compute_cap", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-    except (subprocess.SubprocessError, OSError):
-        return None
-    return parse_smi_gpus(out)
+def _card(gpu: GpuIdentity) -> Card:
+    """A card nvidia-smi listed: locked and shown by its UUID, else by its index."""
+    return Card(gpu.uuid or f"index-{gpu.index}", gpu.uuid or str(gpu.index), str(gpu.index))
 
 
 def visible_cards() -> list[Card]:
@@ -70,7 +63,7 @@ def visible_cards() -> list[Card]:
     if os.environ.get("EVO_SDPA_FORCE_CPU") == "1":
         return []
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    gpus = _smi_gpus()
+    gpus = smi_gpus()
     if gpus is None and not nvidia_driver_present():
         return []  # no NVIDIA driver: nothing to lock, whatever a scheduler put in the variable
     if gpus is None:  # a driver without nvidia-smi: the device nodes say how many cards there are
@@ -80,14 +73,13 @@ def visible_cards() -> list[Card]:
             return []
         return [Card(e if e.startswith(("GPU-", "MIG-")) else f"index-{e}", e) for e in entries if e]
     if visible is None:
-        return [Card(g.uuid or f"index-{g.index}", g.uuid or str(g.index), str(g.index)) for g in gpus]
+        return [_card(g) for g in gpus]
     cards = []
     for entry in (e.strip() for e in visible.split(",")):
-        gpu = pick_visible(gpus, entry) if entry else None
         if entry.startswith("MIG-"):
             cards.append(Card(entry, entry))
-        elif gpu is not None:
-            cards.append(Card(gpu.uuid or f"index-{gpu.index}", gpu.uuid or str(gpu.index), str(gpu.index)))
+        elif entry and (gpu := pick_visible(gpus, entry)) is not None:
+            cards.append(_card(gpu))
     return cards
 
 
@@ -98,8 +90,6 @@ def choose(cards: list[Card], explicit: str | None) -> list[Card]:
     wanted = [c for c in cards if explicit in (c.key, c.visible, c.index)
               or (not explicit.isdigit() and c.key.startswith(normalise_uuid(explicit)))]
     if not wanted:
-        from .errors import StageError
-
         raise StageError(f"{CARD_ENV}={explicit} names no visible card (visible: "
                          f"{', '.join(c.visible for c in cards) or 'none'}); unset it or name one of those")
     return wanted[:1]
@@ -177,8 +167,6 @@ def acquire(job: str, cards: list[Card], directory: Path, timeout_s: float | Non
             return Lease(card, job, directory, fd, time.monotonic() - start)
         waited = time.monotonic() - start
         if timeout_s is not None and waited >= timeout_s:
-            from .errors import StageError
-
             raise StageError(f"no card free for {job} after {waited:.0f} s (held: "
                              f"{'; '.join(holder(directory, c) for c in cards)}); end the stray job "
                              f"or wait for it")
@@ -262,7 +250,7 @@ def _alive(pid: int) -> bool:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
-    except PermissionError:
+    except PermissionError:  # alive, under another user
         return True
     return True
 

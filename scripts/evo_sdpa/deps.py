@@ -7,6 +7,7 @@ import json
 from functools import lru_cache
 from pathlib import Path
 
+from .io import write_text
 from .variants import Variant, variant_files
 
 PACKAGE = "evo_sdpa"
@@ -51,8 +52,6 @@ class ImportsCache:
     def save(self) -> None:
         if not self.changed:
             return
-        from .io import write_text
-
         try:
             write_text(self.path, json.dumps(self.entries))
             self.changed = False

@@ -106,12 +106,22 @@ def pick_visible(gpus: list[GpuIdentity], visible: str | None,
     return matches[0] if len(matches) == 1 else None
 
 
-def _smi(smi: str, args: list[str], timeout_s: float) -> str | None:
+def command_output(argv: list[str], timeout_s: float) -> str | None:
+    """A command's stdout, or None when it is missing, fails or runs past the timeout."""
     try:
-        return subprocess.run([smi, *args], capture_output=True, text=True, timeout=timeout_s,
-                              check=True).stdout
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s, check=True).stdout
     except (subprocess.SubprocessError, OSError):
         return None
+
+
+SMI_QUERY = ["--query-gpu=index,uuid,name,compute_cap", "--format=csv,noheader"]
+
+
+def smi_gpus(timeout_s: float = 10.0) -> list[GpuIdentity] | None:
+    """Every GPU nvidia-smi lists, in its order; None when nvidia-smi is missing or fails."""
+    smi = find_tool("nvidia-smi")
+    out = command_output([smi, *SMI_QUERY], timeout_s) if smi else None
+    return parse_smi_gpus(out) if out is not None else None
 
 
 def nvidia_driver_present() -> bool:
@@ -139,13 +149,12 @@ def query_gpu(timeout_s: float = 10.0) -> GpuIdentity | None:
     if os.environ.get("EVO_SDPA_FORCE_CPU") == "1":
         return None
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    smi = find_tool("nvidia-smi")
-    out = _smi(smi, ["--query-gpu=index,uuid,name,compute_cap", "--format=csv,noheader"],
-               timeout_s) if smi else None
-    if out is None:
+    gpus = smi_gpus(timeout_s)
+    if gpus is None:
         return torch_gpu() if nvidia_driver_present() else None
-    listing = _smi(smi, ["-L"], timeout_s) if visible and visible.strip().startswith("MIG-") else None
-    return pick_visible(parse_smi_gpus(out), visible, listing)
+    mig = visible and visible.strip().startswith("MIG-")
+    listing = command_output([find_tool("nvidia-smi"), "-L"], timeout_s) if mig else None
+    return pick_visible(gpus, visible, listing)
 
 
 def identity_key() -> str:

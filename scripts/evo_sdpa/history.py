@@ -15,7 +15,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from .errors import StageError
-from .io import read_json, write_json
+from .io import read_json, write_json, write_text
 
 ACCEPTED_SUFFIX = ".accepted"
 ENTRY_SUFFIX = ".json"
@@ -87,7 +87,10 @@ def append(history: Path, entry: dict) -> Path:
 
 def entries(history: Path, device: str) -> list[Path]:
     """The device's entries, oldest first (names start with the UTC time they were recorded)."""
-    folder = history / device_slug(device)
+    return _entries_in(history / device_slug(device))
+
+
+def _entries_in(folder: Path) -> list[Path]:
     return sorted(folder.glob(f"*{ENTRY_SUFFIX}")) if folder.is_dir() else []
 
 
@@ -102,7 +105,7 @@ def accept(path: Path, when: datetime | None = None) -> Path:
                          f"(snakemake --cores 1 results/final/final_summary.md)")
     marker = path.with_name(path.name + ACCEPTED_SUFFIX)
     when = when or datetime.now(timezone.utc)
-    marker.write_text(json.dumps({"accepted_at": when.strftime("%Y-%m-%dT%H:%M:%SZ")}) + "\n")
+    write_text(marker, json.dumps({"accepted_at": when.strftime("%Y-%m-%dT%H:%M:%SZ")}) + "\n")
     return marker
 
 
@@ -123,7 +126,7 @@ def latest_per_device(history: Path) -> dict[str, dict]:
     """The newest entry of every card the history holds, by its device name."""
     latest = {}
     for slug in devices(history):
-        paths = sorted((history / slug).glob(f"*{ENTRY_SUFFIX}"))
+        paths = _entries_in(history / slug)
         if paths:
             entry = read_json(paths[-1])
             latest[entry["device"]] = entry

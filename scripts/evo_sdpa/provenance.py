@@ -7,28 +7,25 @@ from __future__ import annotations
 
 import hashlib
 import platform
-import subprocess
 from pathlib import Path
 
 from . import cardlock
-from .device import CPU_DEVICE_ID, cuda_available, normalise_uuid, query_gpu
+from .device import CPU_DEVICE_ID, command_output, cuda_available, normalise_uuid, query_gpu
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST_CHARS = 16
 KEY = "measured_at"
 
 
-def _run(argv: list[str]) -> str | None:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=True).stdout.strip()
-    except (subprocess.SubprocessError, OSError):
-        return None
+def _git(repo: Path, *args: str) -> str | None:
+    out = command_output(["git", "-C", str(repo), *args], timeout_s=30)
+    return out.strip() if out is not None else None
 
 
 def git_state(repo: Path = REPO) -> dict:
     """HEAD and whether tracked files differ from it (None for either when git cannot say)."""
-    commit = _run(["git", "-C", str(repo), "rev-parse", "HEAD"])
-    status = _run(["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"])
+    commit = _git(repo, "rev-parse", "HEAD")
+    status = _git(repo, "status", "--porcelain", "--untracked-files=no")
     return {"commit": commit, "dirty": bool(status) if status is not None else None}
 
 
