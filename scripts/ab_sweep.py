@@ -29,10 +29,36 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import yaml  # noqa: E402
 
+from evo_sdpa.build import build_cuda  # noqa: E402
 from evo_sdpa.config import check_config  # noqa: E402
+from evo_sdpa.parity import build_matrix, run_case  # noqa: E402
+from evo_sdpa.runners import sdpa_call  # noqa: E402
+from evo_sdpa.tolerance import ToleranceRule  # noqa: E402
+from evo_sdpa.tunables import changed, parse_assignments, resolve, split_define_flags  # noqa: E402
 from evo_sdpa.variants import KERNELS_DIR, REPO, Variant, load_variant  # noqa: E402
 
 BUILD_DIR = Path("/tmp/evo_sdpa_ab_sweep")
+# The bench stage's timing settings, shortened for a sweep of many configurations.
+SWEEP_TIMING = {"warmup_ms": 20, "min_samples": 15, "min_time_ms": 60, "max_time_ms": 700}
+
+
+def load_config() -> dict:
+    """config/config.yaml, checked as the pipeline checks it."""
+    return check_config(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+
+
+def timing_factories(forwards: dict, shape) -> dict:
+    """time_shape's factories: SDPA's default as users call it, and each forward into its own output."""
+    import torch
+
+    scale = 1.0 / math.sqrt(shape.D)
+    factories = {"sdpa": lambda q, k, v: (lambda: sdpa_call(q, k, v, shape.causal, scale))}
+    for name, forward in forwards.items():
+        def make(q, k, v, forward=forward):
+            out = torch.empty_like(q)
+            return lambda: forward(q, k, v, out, shape.causal, scale)
+        factories[name] = make
+    return factories
 
 
 class ConfigAction(argparse.Action):
@@ -61,8 +87,6 @@ def with_flags(variant: Variant, flags: list[str], allow_spills: bool = False) -
 def overrides_of(variant: Variant, spec: dict) -> tuple[dict[str, int], list[str]]:
     """A configuration's tunable overrides (--set, then any -D of a tunable's macro in --flags)
     and the raw flags left; an unknown knob or undeclared value stops here, before any build."""
-    from evo_sdpa.tunables import parse_assignments, resolve, split_define_flags
-
     from_flags, flags = split_define_flags(variant, spec["flags"])
     overrides = {**from_flags, **parse_assignments(spec["set"])}
     resolve(variant, overrides)
@@ -71,9 +95,6 @@ def overrides_of(variant: Variant, spec: dict) -> tuple[dict[str, int], list[str
 
 def build_config(variant: Variant, name: str, overrides: dict[str, int], flags: list[str], cc: str,
                  build_cfg: dict, allow_spills: bool = False) -> dict:
-    from evo_sdpa.build import build_cuda
-    from evo_sdpa.tunables import changed
-
     outdir = BUILD_DIR / variant.name / name
     outdir.mkdir(parents=True, exist_ok=True)
     verdict, resources, log = build_cuda(with_flags(variant, flags, allow_spills), cc, outdir,
@@ -85,11 +106,7 @@ def build_config(variant: Variant, name: str, overrides: dict[str, int], flags: 
             "verdict": verdict, "registers": regs, "spill_bytes": spills}
 
 
-def parity(forward, variant: Variant, tier: dict, tolerance: dict) -> dict:
-    from evo_sdpa.parity import build_matrix, run_case
-    from evo_sdpa.tolerance import ToleranceRule
-
-    rule = ToleranceRule.from_config(tolerance)
+def parity(forward, variant: Variant, tier: dict, rule: ToleranceRule) -> dict:
     records = [run_case(case, forward, rule, "cuda") for case in build_matrix(variant, tier)]
     failed = [r for r in records if r["status"] != "pass"]
     return {"cases": len(records), "failed": failed}
@@ -128,15 +145,13 @@ def main() -> int:
     from evo_sdpa.bench import recheck
     from evo_sdpa.cuda_abi import CudaVariant
     from evo_sdpa.inputs import make_qkv
-    from evo_sdpa.shapes import torch_dtype
-    from evo_sdpa.tolerance import ToleranceRule
-    from evo_sdpa.runners import sdpa_call
-    from evo_sdpa.shapes import Shape
+    from evo_sdpa.shapes import Shape, torch_dtype
     from evo_sdpa.stats import tflops
     from evo_sdpa.timing import time_shape
 
     started = time.perf_counter()
-    config = check_config(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    config = load_config()
+    rule = ToleranceRule.from_config(config["tolerance"])
     major, minor = torch.cuda.get_device_capability()
     cc = f"{major}.{minor}"
     with ThreadPoolExecutor(max_workers=4) as pool:
@@ -145,7 +160,7 @@ def main() -> int:
     for spec in args.artifact:
         name, path = spec.split("=", 1)
         builds.append({"name": name, "set": {}, "flags": [], "verdict": {"status": "pass", "reasons": [], "artifact": path},
-                       "registers": []})
+                       "registers": [], "spill_bytes": 0})
     report = {"device": torch.cuda.get_device_name(), "variant": variant.name, "builds": builds,
               "parity": {}, "timings": []}
 
@@ -153,12 +168,12 @@ def main() -> int:
     for b in builds:
         verdict = b["verdict"]
         print(f"{b['name']:>14}: build {verdict['status']} {'; '.join(verdict['reasons'])[:300]} "
-              f"regs {b['registers']} spills {b.get('spill_bytes', 0)} B sass {verdict.get('sass', {})} {verdict.get('compile_seconds', '')}s")
+              f"regs {b['registers']} spills {b['spill_bytes']} B sass {verdict.get('sass', {})} {verdict.get('compile_seconds', '')}s")
         if verdict["status"] != "pass":
             continue
         forward = CudaVariant(verdict["artifact"])
         if args.tier != "none":
-            result = parity(forward, variant, config["parity"]["tiers"][args.tier], config["tolerance"])
+            result = parity(forward, variant, config["parity"]["tiers"][args.tier], rule)
             report["parity"][b["name"]] = result
             print(f"{b['name']:>14}: parity {result['cases'] - len(result['failed'])}/{result['cases']} pass")
             for r in result["failed"][:12]:
@@ -167,7 +182,7 @@ def main() -> int:
                 continue
         forwards[b["name"]] = forward
 
-    timing = dict(config["timing"], warmup_ms=20, min_samples=15, min_time_ms=60, max_time_ms=700)
+    timing = dict(config["timing"], **SWEEP_TIMING)
     for dtype in args.dtypes.split(","):
         for shape_dict in config["shape_suites"][args.suite]:
             if time.perf_counter() - started > args.budget_s:
@@ -176,14 +191,7 @@ def main() -> int:
             shape = Shape.from_dict(shape_dict)
             if not variant.supports(dtype, shape.D, shape.causal) or not forwards:
                 continue
-            scale = 1.0 / math.sqrt(shape.D)
-            factories = {"sdpa": lambda q, k, v: (lambda: sdpa_call(q, k, v, shape.causal, scale))}
-            for name, forward in forwards.items():
-                def make(q, k, v, forward=forward):
-                    out = torch.empty_like(q)
-                    return lambda: forward(q, k, v, out, shape.causal, scale)
-                factories[name] = make
-            for mode, by_name in time_shape(factories, shape, dtype, timing).items():
+            for mode, by_name in time_shape(timing_factories(forwards, shape), shape, dtype, timing).items():
                 row = {"shape": shape.label, "dtype": dtype, "mode": by_name["sdpa"]["mode"],
                        "p50_us": {n: r["stats"]["p50_us"] for n, r in by_name.items()},
                        "p90_us": {n: r["stats"]["p90_us"] for n, r in by_name.items()},
@@ -195,10 +203,11 @@ def main() -> int:
                 print(f"{shape.label:>26} {dtype} {row['mode']:>9}: sdpa {sdpa_us:8.2f} us "
                       f"{row['tflops']['sdpa']:5.0f} TF/s | {cells}")
             if shape.flops <= args.recheck_max_gflop * 1e9:
-                rule = ToleranceRule.from_config(config["tolerance"])
+                # recheck() refills q, k, v with fresh values and re-poisons out for each forward
+                q, k, v = make_qkv(shape.B, shape.H, shape.S, shape.D, torch_dtype(dtype), "cuda", 0)
+                buffers = (q, k, v, torch.empty_like(q))
                 for name, forward in forwards.items():
-                    buffers = (*make_qkv(shape.B, shape.H, shape.S, shape.D, torch_dtype(dtype), "cuda", 0),)
-                    check = recheck(forward, (*buffers, torch.empty_like(buffers[0])), shape, dtype, rule)
+                    check = recheck(forward, buffers, shape, dtype, rule)
                     report["timings"][-1].setdefault("recheck", {})[name] = check
                     print(f"{'':>26} recheck {name}: {check['status']} max_abs {check['max_abs']:.3g} "
                           f"(bound {check['bound']:.3g})")

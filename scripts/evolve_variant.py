@@ -17,7 +17,7 @@ from evo_sdpa.evolve import (Settings, Store, builtin_proposer, check_first_gene
                              curve, pick_winner, search, space_of, summary)
 from evo_sdpa.io import write_json
 from evo_sdpa.provenance import stamp
-from evo_sdpa.tunables import changed
+from evo_sdpa.tunables import declared
 from evo_sdpa.variants import KERNELS_DIR, load_variant
 
 
@@ -38,7 +38,7 @@ def main() -> None:
     cfg = args.config_json
     variant = load_variant(KERNELS_DIR / args.variant)
     settings = Settings.from_config(cfg["evolve"])
-    space = space_of(variant.meta["tunables"])
+    space = space_of(declared(variant))
     store = Store(Path(args.best).parent)
     stage = StageConfig(args.compute_capability, cfg)
     fresh = store.open(fingerprint(variant, args.device, stage))
@@ -70,12 +70,13 @@ def main() -> None:
     best = summary(variant.name, state, winner, checks, store.wall_seconds())
     best.update(device=args.device, settings=cfg["evolve"], analysis=root.source)
     stamp(best, variant_inputs(variant), measured_on_card=True)
-    if best["winner"] and best["winner"]["source_dir"] is None and changed(variant, best["winner"]["tunables"]):
-        best["promote"] = (f"python3 scripts/promote_tunables.py --variant {variant.name} --best {args.best}")
+    won = best["winner"] or {}
+    if won.get("source_dir") is None and won.get("changed_from_defaults"):
+        best["promote"] = f"python3 scripts/promote_tunables.py --variant {variant.name} --best {args.best}"
     write_json(args.best, best)
     write_json(args.curve, curve(variant.name, state))
     log.info("evolve %s: %s; stopped by %s", variant.name,
-             f"winner {winner} ({best['winner']['over_defaults']:.3f}x the defaults)" if winner and best["winner"]["over_defaults"]
+             f"winner {winner} ({won['over_defaults']:.3f}x the defaults)" if won.get("over_defaults")
              else "no winner", (state.stop or {}).get("condition"))
 
 

@@ -22,7 +22,7 @@ def main() -> None:
                          "review and copy that folder over the variant by hand")
     variant = load_variant(KERNELS_DIR / args.variant)
     updates = changed(variant, resolve(variant, winner["tunables"]))
-    path = KERNELS_DIR / args.variant / METADATA_FILE
+    path = variant.folder / METADATA_FILE
     write_text(path, promote_defaults(path.read_text(), updates))
     load_variant(KERNELS_DIR / args.variant)  # still valid
     print(f"{path}: " + (", ".join(f"{k} -> {v}" for k, v in updates.items()) or "already the defaults"))

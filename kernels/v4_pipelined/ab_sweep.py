@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import time
@@ -25,20 +24,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "scripts"))
 
-import yaml  # noqa: E402
-
-from evo_sdpa.config import check_config  # noqa: E402
+from ab_sweep import SWEEP_TIMING, load_config, timing_factories  # noqa: E402  (scripts/ab_sweep.py)
 from evo_sdpa.cuda_abi import CudaVariant  # noqa: E402
-from evo_sdpa.inputs import make_qkv, poisoned_like, reference  # noqa: E402
 from evo_sdpa.nvcc import ALWAYS_FLAGS, arch_gencode, parse_ptxas_resources  # noqa: E402
-from evo_sdpa.runners import sdpa_call  # noqa: E402
-from evo_sdpa.shapes import Shape, torch_dtype  # noqa: E402
+from evo_sdpa.parity import ParityCase, run_case  # noqa: E402
+from evo_sdpa.shapes import Shape  # noqa: E402
 from evo_sdpa.stats import tflops  # noqa: E402
 from evo_sdpa.timing import time_shape  # noqa: E402
+from evo_sdpa.tolerance import ToleranceRule  # noqa: E402
 from evo_sdpa.tunables import define_flags, resolve, split_define_flags  # noqa: E402
 from evo_sdpa.variants import load_variant  # noqa: E402
 
 BUILD_DIR = Path("/tmp/v4_ab_sweep")
+CHECK_SEED = 7
 
 # (B, H, S, D, causal, dtype, distribution): small grids (the key-split path), ragged S, both
 # head dims, both dtypes, and one grid larger than the GPU (the plain path).
@@ -78,28 +76,11 @@ def build(name: str, flags: list[str], sources_dir: Path, gencode: str) -> dict:
             "resources": resources, "warnings": warnings, "log_tail": log[-2000:] if proc.returncode else ""}
 
 
-def check(forward, cases, tolerance: dict) -> list[dict]:
-    import torch
-    import torch.nn.functional as F
-
-    results = []
-    for B, H, S, D, causal, dtype, dist in cases:
-        scale = 1.0 / math.sqrt(D)
-        q, k, v = make_qkv(B, H, S, D, torch_dtype(dtype), "cuda", seed=7, distribution=dist)
-        out = poisoned_like(q)
-        forward(q, k, v, out, causal, scale)
-        again = poisoned_like(q)
-        forward(q, k, v, again, causal, scale)
-        torch.cuda.synchronize()
-        ref = reference(q, k, v, causal, scale)
-        err = (out.double() - ref).abs().max().item()
-        sdpa_err = (F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale).double() - ref).abs().max().item()
-        bound = tolerance["sdpa_multiple"] * sdpa_err + tolerance["atol"][dtype]
-        finite = bool(torch.isfinite(out).all().item())
-        same = bool(torch.equal(out, again))
-        results.append({"case": [B, H, S, D, causal, dtype, dist], "max_abs": err, "bound": bound,
-                        "pass": finite and same and err <= bound})
-    return results
+def check(forward, cases, rule: ToleranceRule) -> list[dict]:
+    """The parity stage's run_case on each case (seed 7): twice into NaN-poisoned outputs against
+    the float64 reference, judged by the pipeline's tolerance rule."""
+    return [run_case(ParityCase(dtype, B, H, S, D, causal, dist, CHECK_SEED), forward, rule, "cuda")
+            for B, H, S, D, causal, dtype, dist in cases]
 
 
 def main() -> int:
@@ -115,7 +96,7 @@ def main() -> int:
     import torch
 
     started = time.perf_counter()
-    config = check_config(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
+    config = load_config()
     major, minor = torch.cuda.get_device_capability()
     gencode = arch_gencode(f"{major}.{minor}")
     BUILD_DIR.mkdir(parents=True, exist_ok=True)
@@ -135,22 +116,22 @@ def main() -> int:
             continue
         forward = CudaVariant(b["artifact"])
         try:
-            checks = check(forward, CHECK_CASES, config["tolerance"])
+            checks = check(forward, CHECK_CASES, ToleranceRule.from_config(config["tolerance"]))
         except RuntimeError as exc:  # a launch error: report it, keep the other configurations
             print(f"{b['name']:>16}: ERROR {exc}")
             report["checks"][b["name"]] = [{"error": str(exc)}]
             continue
         report["checks"][b["name"]] = checks
-        failed = [c for c in checks if not c["pass"]]
+        failed = [c for c in checks if c["status"] != "pass"]
         regs = sorted({r["registers"] for r in b["resources"]})
         print(f"{b['name']:>16}: check {len(checks) - len(failed)}/{len(checks)} pass; regs {regs}; "
               f"spills {sum(r['spill_bytes'] for r in b['resources'])}; warnings {len(b['warnings'])}")
         for c in failed:
-            print(f"    FAIL {c['case']}: max_abs {c['max_abs']:.3g} bound {c['bound']:.3g}")
+            print(f"    FAIL {c['id']}: {c['reason']}")
         if not failed:
             forwards[b["name"]] = forward
 
-    timing = dict(config["timing"], warmup_ms=20, min_samples=15, min_time_ms=60, max_time_ms=700)
+    timing = dict(config["timing"], **SWEEP_TIMING)
     suite = config["shape_suites"][config["bench_suite"]]
     for dtype in args.dtypes.split(","):
         for shape_dict in suite:
@@ -160,14 +141,7 @@ def main() -> int:
             shape = Shape.from_dict(shape_dict)
             if args.only and args.only not in shape.label:
                 continue
-            scale = 1.0 / math.sqrt(shape.D)
-            factories = {"sdpa": lambda q, k, v: (lambda: sdpa_call(q, k, v, shape.causal, scale))}
-            for name, forward in forwards.items():
-                def make(q, k, v, forward=forward):
-                    out = torch.empty_like(q)
-                    return lambda: forward(q, k, v, out, shape.causal, scale)
-                factories[name] = make
-            measured = time_shape(factories, shape, dtype, timing)
+            measured = time_shape(timing_factories(forwards, shape), shape, dtype, timing)
             for mode, by_name in measured.items():
                 row = {"shape": shape.label, "dtype": dtype, "mode": by_name["sdpa"]["mode"],
                        "p50_us": {n: r["stats"]["p50_us"] for n, r in by_name.items()},

@@ -26,6 +26,7 @@ from .tunables import defaults
 from .variants import REPO, Variant, load_variant, variant_files
 
 SANITIZER_TARGET = Path(__file__).resolve().parents[1] / "sanitizer_target.py"
+CANDIDATE_TARGET = Path(__file__).resolve().parents[1] / "evolve_candidate.py"
 PROTOCOL_VERSION = 1
 PROPOSER_TIMEOUT_S = 600.0
 
@@ -111,7 +112,6 @@ def measure_step(variant: Variant, build: dict, stage: StageConfig, ceilings: di
 # ---------------------------------------------------------------- the evaluator
 
 
-CANDIDATE_TARGET = Path(__file__).resolve().parents[1] / "evolve_candidate.py"
 # One step of one candidate (a Triton build, a parity tier, the timing) gets this long.
 STEP_TIMEOUT_S = 3600.0
 

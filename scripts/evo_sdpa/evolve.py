@@ -17,11 +17,13 @@ import math
 import random
 import shutil
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Protocol
 
 from .io import read_json, write_json
+from .report import geomean as _geomean
 
 # ---------------------------------------------------------------- insight: findings -> levers
 
@@ -152,10 +154,10 @@ def defaults_candidate(space: tuple[Knob, ...]) -> Candidate:
 
 
 def geomean(values: list[float]) -> float | None:
-    positive = [v for v in values if v and v > 0 and math.isfinite(v)]
-    if not positive or len(positive) != len(values):
+    """The report's geometric mean, or None when a value is missing, not positive or not finite."""
+    if not all(v and v > 0 and math.isfinite(v) for v in values):
         return None
-    return math.exp(sum(math.log(v) for v in positive) / len(positive))
+    return _geomean(values)
 
 
 def bench_speedups(bench_result: dict) -> dict[str, float]:
@@ -171,7 +173,7 @@ def bench_speedups(bench_result: dict) -> dict[str, float]:
 
 def fitness_of(speedups: dict[str, float]) -> float | None:
     """Geometric-mean speedup over the measured cases (None when there are none)."""
-    return geomean(list(speedups.values())) if speedups else None
+    return geomean(list(speedups.values()))
 
 
 def ranked(outcomes: dict[str, dict]) -> list[str]:
@@ -319,6 +321,11 @@ class Store:
 
     def __init__(self, root: Path):
         self.root = Path(root)
+        self.meta_path = self.root / "search.json"
+
+    @staticmethod
+    def _read(path: Path) -> dict | None:
+        return read_json(path) if path.is_file() else None
 
     def candidate_dir(self, cid: str) -> Path:
         return self.root / "candidates" / cid
@@ -328,8 +335,7 @@ class Store:
 
     def open(self, fingerprint: dict) -> str | None:
         """Keep the records measured under `fingerprint`; clear any others (returns why)."""
-        meta_path = self.root / "search.json"
-        stored = read_json(meta_path) if meta_path.is_file() else None
+        stored = self._read(self.meta_path)
         reason = None
         if stored is not None and stored.get("fingerprint") != fingerprint:
             keys = sorted(k for k in set(fingerprint) | set(stored.get("fingerprint", {}))
@@ -339,36 +345,31 @@ class Store:
                 shutil.rmtree(self.root / sub, ignore_errors=True)
             stored = None
         if stored is None:
-            write_json(meta_path, {"fingerprint": fingerprint, "wall_seconds": 0.0})
+            write_json(self.meta_path, {"fingerprint": fingerprint, "wall_seconds": 0.0})
         return reason
 
     def wall_seconds(self) -> float:
-        path = self.root / "search.json"
-        return read_json(path).get("wall_seconds", 0.0) if path.is_file() else 0.0
+        return (self._read(self.meta_path) or {}).get("wall_seconds", 0.0)
 
     def add_wall_seconds(self, seconds: float) -> None:
-        path = self.root / "search.json"
-        data = read_json(path)
+        data = read_json(self.meta_path)
         data["wall_seconds"] = data.get("wall_seconds", 0.0) + seconds
-        write_json(path, data)
+        write_json(self.meta_path, data)
 
     def generation(self, generation: int) -> dict | None:
-        path = self.generation_path(generation)
-        return read_json(path) if path.is_file() else None
+        return self._read(self.generation_path(generation))
 
     def save_generation(self, generation: int, record: dict) -> None:
         write_json(self.generation_path(generation), record)
 
     def outcome(self, cid: str) -> dict | None:
-        path = self.candidate_dir(cid) / "outcome.json"
-        return read_json(path) if path.is_file() else None
+        return self._read(self.candidate_dir(cid) / "outcome.json")
 
     def save_outcome(self, candidate: Candidate, outcome: dict) -> None:
         write_json(self.candidate_dir(candidate.id) / "outcome.json", {"candidate": candidate.to_dict(), **outcome})
 
     def final(self, cid: str) -> dict | None:
-        path = self.candidate_dir(cid) / "final.json"
-        return read_json(path) if path.is_file() else None
+        return self._read(self.candidate_dir(cid) / "final.json")
 
     def save_final(self, cid: str, record: dict) -> None:
         write_json(self.candidate_dir(cid) / "final.json", record)
@@ -530,12 +531,11 @@ def run_generation(generation: int, candidates: list[Candidate], state: SearchSt
                    wall: Callable[[], float], log) -> dict | None:
     """Build what has no outcome yet, then gate and time one at a time. Returns the budget that
     stopped it midway, or None when every candidate has its outcome."""
-    todo = [c for c in candidates if c.id not in state.outcomes]
-    for candidate in list(todo):
-        stored = store.outcome(candidate.id)
+    for candidate in candidates:
+        stored = None if candidate.id in state.outcomes else store.outcome(candidate.id)
         if stored is not None:
             state.outcomes[candidate.id] = {k: v for k, v in stored.items() if k != "candidate"}
-            todo.remove(candidate)
+    todo = [c for c in candidates if c.id not in state.outcomes]
     if not todo:
         return None
     spent = budget_spent(settings, wall(), state.gpu_seconds())
@@ -661,7 +661,7 @@ def check_first_generation(space: tuple[Knob, ...], settings: Settings, proposer
                      "build": build.get("status", "not built"), "reasons": build.get("reasons", [])})
     return {"knobs": len(space), "movable_knobs": sum(1 for knob in space if knob.movable),
             "first_generation": rows,
-            "builds": {status: sum(1 for r in rows if r["build"] == status) for status in sorted({r["build"] for r in rows})}}
+            "builds": dict(sorted(Counter(r["build"] for r in rows).items()))}
 
 
 # ---------------------------------------------------------------- records
@@ -682,11 +682,7 @@ def curve(variant: str, state: SearchState) -> dict:
 
 
 def rejection_counts(state: SearchState) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for outcome in state.outcomes.values():
-        if outcome.get("status") == "rejected":
-            counts[outcome["gate"]] = counts.get(outcome["gate"], 0) + 1
-    return counts
+    return dict(Counter(o["gate"] for o in state.outcomes.values() if o.get("status") == "rejected"))
 
 
 def summary(variant: str, state: SearchState, winner: str | None, checks: list[dict],
