@@ -201,6 +201,44 @@ def test_full_grid_does_not_fire():
     assert "underfilled_grid" not in finding_ids(kernel({"launch__waves_per_multiprocessor": 1.0}))
 
 
+def test_partial_last_wave_fires_with_the_idle_share_of_the_tail():
+    finding = only_finding(kernel({"launch__grid_size": 317.0, "launch__waves_per_multiprocessor": 1.2}), "tail_effect")
+    assert finding["severity"] == pytest.approx(0.8 / 2)
+    assert finding["value"] == 1.2
+    assert "last of 2 runs 20% full" in finding["evidence"] and "40%" in finding["evidence"]
+
+
+@pytest.mark.parametrize("waves", [1.0, 2.0, 4.0, 1.95, 3.7, 0.5])
+def test_whole_or_nearly_whole_waves_have_no_tail_finding(waves):
+    assert "tail_effect" not in finding_ids(kernel({"launch__waves_per_multiprocessor": waves}))
+
+
+def launch_analysis(profile: KernelProfile | list[KernelProfile], launch_us: float | None) -> dict:
+    profiles = profile if isinstance(profile, list) else [profile]
+    return bottlenecks.analyze(profiles, FLOPS, {**CEILINGS, "launch_us": launch_us}, min_bytes=MIN_BYTES)
+
+
+def test_short_kernel_is_launch_bound_with_the_launch_share_as_severity():
+    analysis = launch_analysis(kernel({"gpu__time_duration.sum": 3_000.0}), launch_us=1.1)
+    [finding] = [f for f in analysis["findings"] if f["id"] == "launch_bound"]
+    assert finding["severity"] == pytest.approx(1.1 / 4.1, abs=1e-3)
+    assert "3 µs" in finding["evidence"] and "1.1 µs" in finding["evidence"] and "27%" in finding["evidence"]
+
+
+@pytest.mark.parametrize(("duration_ns", "launch_us"), [(100_000.0, 1.1), (7_000.0, 1.1), (3_000.0, None)])
+def test_long_kernels_or_an_unmeasured_launch_are_not_launch_bound(duration_ns, launch_us):
+    analysis = launch_analysis(kernel({"gpu__time_duration.sum": duration_ns}), launch_us)
+    assert "launch_bound" not in [f["id"] for f in analysis["findings"]]
+
+
+def test_sdpa_on_the_small_shape_is_named_grid_bound_first():
+    # cuDNN on (2,8,512,64), H100: 64 CTAs on 132 SMs, 9.7 µs under ncu.
+    analysis = launch_analysis(ncu.read_raw_csv(CLEAN_CSV), launch_us=1.1)
+    ids = [f["id"] for f in analysis["findings"]]
+    assert ids[0] == "underfilled_grid" and "tail_effect" not in ids
+    assert "0.48 waves" in analysis["findings"][0]["evidence"]
+
+
 def test_kv_not_reused_fires_on_l2_traffic_far_above_the_minimum():
     finding = only_finding(kernel({"l1tex__m_xbar2l1tex_read_bytes.sum": 64 * MIN_BYTES}), "no_kv_reuse")
     assert finding["metric"] == "l1tex__m_xbar2l1tex_read_bytes.sum"

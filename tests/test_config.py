@@ -234,6 +234,21 @@ def test_large_suite_is_the_hopper_shapes_none_graph_timed(cfg):
     assert check_config(cfg) is cfg
 
 
+def test_small_suite_is_the_launch_bound_shapes_all_graph_timed(cfg):
+    labels = [s.label for s in suite_shapes(cfg, "small")]
+    assert labels == ["B1_H8_S512_D64_full", "B2_H8_S512_D64_full", "B1_H8_S256_D64_full",
+                      "B4_H8_S512_D64_full", "B1_H16_S1024_D64_full", "B1_H8_S512_D128_full"]
+    assert all(entry.get("graph") for entry in cfg["shape_suites"]["small"])
+
+
+@pytest.mark.parametrize("overlay", ["hopper.yaml", "small.yaml", "test.yaml"])
+def test_shipped_overlays_pass_over_the_base_config(shipped, overlay):
+    with open(REPO / "config" / overlay) as handle:
+        merged = deep_merge(shipped, yaml.safe_load(handle))
+    assert check_config(merged) is merged
+    assert merged["bench_suite"] in merged["shape_suites"]
+
+
 def test_cutlass_include_defaults_to_null_and_takes_a_path(cfg):
     assert cfg["build"]["cutlass_include"] is None
     cfg["build"]["cutlass_include"] = "/opt/cutlass/include"
@@ -295,7 +310,7 @@ def test_evolve_proposer_is_builtin_or_a_command(cfg):
 
 def test_evolve_suite_and_tiers_must_exist(cfg):
     cfg["evolve"]["suite"] = "huge"
-    assert error_of(cfg) == "config: key 'evolve.suite': 'huge' is not a shape suite (defined: canonical, large)"
+    assert error_of(cfg) == "config: key 'evolve.suite': 'huge' is not a shape suite (defined: canonical, large, small)"
     cfg["evolve"]["suite"] = "large"
     cfg["evolve"]["final_tier"] = "exhaustive"
     assert error_of(cfg) == ("config: key 'evolve.final_tier': 'exhaustive' is not a parity tier "

@@ -164,7 +164,9 @@ def test_v4_defaults_are_the_ones_its_header_held():
     v4 = load_variant(REPO / "kernels" / "v4_pipelined")
     assert define_flags(v4, defaults(v4)) == [
         "-DV4_PIPELINED_STAGES=3", "-DV4_PIPELINED_BLOCK_N=64", "-DV4_PIPELINED_MIN_CTAS_D64=3",
-        "-DV4_PIPELINED_KEY_SPLIT=1", "-DV4_PIPELINED_ROW_WARPS_D128=4", "-DV4_PIPELINED_CARVEOUT_HINT=1",
+        "-DV4_PIPELINED_KEY_SPLIT=1", "-DV4_PIPELINED_CLUSTER_SPLIT=1", "-DV4_PIPELINED_CLUSTER_KEY_GROUPS_D64=2",
+        "-DV4_PIPELINED_SPLIT_CTAS_PER_SM=1", "-DV4_PIPELINED_PDL=1",
+        "-DV4_PIPELINED_ROW_WARPS_D128=4", "-DV4_PIPELINED_CARVEOUT_HINT=1",
         "-DV4_PIPELINED_ISSUE_AFTER_SCORES=0"]
 
 

@@ -25,6 +25,7 @@
 
 #include "evo_sdpa_abi.h"
 
+#include "cluster_split.cuh"
 #include "epilogue.cuh"
 #include "key_split.cuh"
 #include "main_loop.cuh"
@@ -56,7 +57,7 @@ __device__ __forceinline__ void attend_key_step(WarpState<Tr>& ws, const KvPipel
                                                 int key_limit, int seq_len, bool causal, float scale_log2, int lane) {
     const int stage = KvPipeline<Tr>::stage_of(step);
     pipe.wait_for(step);  // every thread, every step: it holds the CTA's one barrier
-    const int first_key = step * Tr::kStepKeys + role.key_group * Tr::kBlockN;
+    const int first_key = (pipe.first_tile + step) * Tr::kStepKeys + role.key_group * Tr::kBlockN;
     const bool attends = first_key < key_limit;  // else all masked for this warp (warp-uniform)
 
     float s[Tr::kScoreTiles][4];
@@ -79,16 +80,25 @@ __device__ __forceinline__ void attend_key_step(WarpState<Tr>& ws, const KvPipel
     accumulate_pv<Tr>(ws.o, p_frag, pipe.v_tile(stage, role.key_group), lane);
 }
 
-template <class Tr>
+// kClusterSplit: the CTAs of a cluster of key_splits split the query tile's keys (cluster_split.cuh).
+template <class Tr, bool kClusterSplit>
 __global__ void __launch_bounds__(Tr::kThreads, Tr::kMinCtasPerSm)
 v4_pipelined_attention_fwd(const typename Tr::elem_t* __restrict__ q, const typename Tr::elem_t* __restrict__ k,
                            const typename Tr::elem_t* __restrict__ v, typename Tr::elem_t* __restrict__ o,
-                           int seq_len, bool causal, float scale_log2) {
+                           int seq_len, bool causal, float scale_log2, int key_splits) {
     using T = typename Tr::elem_t;
     // Raw 16-byte words (dynamic: above 48 KB at D=128), carved by the pipeline into its stages.
     extern __shared__ uint4 smem_raw[];
 
-    const CtaCoords cta = cta_coords();
+#if V4_PIPELINED_HAS_CLUSTERS
+    if constexpr (kClusterSplit) cluster_split_enter<Tr>(smem_address(smem_raw), key_splits);
+#if V4_PIPELINED_PDL
+    // Programmatic dependent launch: this grid may start while the previous kernel on the stream
+    // finishes; nothing is read before that kernel is complete and its writes visible.
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+#endif
+    const CtaCoords cta = cta_coords(kClusterSplit ? key_splits : 1);
     const int warp = static_cast<int>(threadIdx.x) / kWarpSize;
     const int lane = static_cast<int>(threadIdx.x) % kWarpSize;
     const WarpRole role = warp_role<Tr>(warp);
@@ -96,9 +106,18 @@ v4_pipelined_attention_fwd(const typename Tr::elem_t* __restrict__ q, const type
     const int first_row_of_warp = first_row + role.row_warp * Tr::kRowsPerWarp;
     const int key_limit = warp_key_limit(first_row_of_warp, Tr::kRowsPerWarp, seq_len, causal);
     const T* q_head = head_row_ptr<Tr::kHeadDim>(q, cta.head, seq_len, 0);
+    const int steps = key_tile_end(first_row, Tr::kBlockM, Tr::kStepKeys, seq_len, causal);
+    KeyShare share{0, steps};
+    if constexpr (kClusterSplit) {
+#if V4_PIPELINED_HAS_CLUSTERS
+        share = key_share(steps, cluster_rank(), key_splits);
+#else
+        __trap();  // the host launches clusters only on sm_90 and later
+#endif
+    }
     const KvPipeline<Tr> pipe{reinterpret_cast<T*>(smem_raw), head_row_ptr<Tr::kHeadDim>(k, cta.head, seq_len, 0),
                               head_row_ptr<Tr::kHeadDim>(v, cta.head, seq_len, 0), seq_len,
-                              key_tile_end(first_row, Tr::kBlockM, Tr::kStepKeys, seq_len, causal)};
+                              share.end - share.begin, share.begin};
 
     // Copy groups: Q, then steps 0 .. kStages-2.
     load_tile_async<Tr, Tr::kBlockM>(pipe.spare_tile(), q_head, first_row, seq_len);
@@ -119,7 +138,15 @@ v4_pipelined_attention_fwd(const typename Tr::elem_t* __restrict__ q, const type
                             scale_log2, lane);
     }
 
+#if V4_PIPELINED_HAS_CLUSTERS && V4_PIPELINED_PDL
+    // The next kernel may be launched once every CTA is here: it overlaps this grid's merge and
+    // epilogue (a trigger at entry let it hold SM slots for the whole kernel: slower, NOTES.md).
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
     pipe.drain();  // the stages are free: the spare tile stages O, the others hold partial states
+#if V4_PIPELINED_HAS_CLUSTERS
+    if constexpr (kClusterSplit) cluster_split_ready();
+#endif
     if constexpr (Tr::kKeyGroups > 1) {
         float* partials = reinterpret_cast<float*>(pipe.k_tile(0));
         if (role.key_group > 0) {
@@ -133,6 +160,14 @@ v4_pipelined_attention_fwd(const typename Tr::elem_t* __restrict__ q, const type
             merge_partial_state<Tr>(PartialState<Tr>::slot(partials, g, role.row_warp), ws.softmax, ws.o, lane);
         }
     }
+#if V4_PIPELINED_HAS_CLUSTERS
+    if constexpr (kClusterSplit) {
+        if (!merge_cluster_states<Tr>(smem_address(smem_raw), reinterpret_cast<const char*>(smem_raw), key_splits,
+                                      role.row_warp, ws.softmax, ws.o, lane)) {
+            return;  // pushed to the owner of these rows
+        }
+    }
+#endif
     write_output<Tr>(ws.o, ws.softmax, pipe.spare_tile(), head_row_ptr<Tr::kHeadDim>(o, cta.head, seq_len, 0),
                      role.row_warp * Tr::kRowsPerWarp, first_row_of_warp, seq_len, lane);
 }
@@ -147,7 +182,16 @@ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 
 // Above 48 KB a kernel must opt in to its dynamic shared memory, once per device; the carveout
 // hint asks for the largest shared-memory split so 2 (D=128) or 3 (D=64) CTAs fit per SM.
-template <class Tr>
+template <class Tr, bool kClusterSplit>
+constexpr int dynamic_smem_bytes() {
+    if constexpr (kClusterSplit) {
+        return ClusterLayout<Tr>::kSmemBytes;
+    } else {
+        return Tr::kSmemBytes;
+    }
+}
+
+template <class Tr, bool kClusterSplit>
 cudaError_t configure_kernel_once() {
     static std::atomic<uint64_t> configured_devices{0};  // bit d: done on device d (d < 64)
     int device = 0;
@@ -155,11 +199,11 @@ cudaError_t configure_kernel_once() {
     if (status != cudaSuccess) return status;
     const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
     if (bit != 0 && (configured_devices.load(std::memory_order_acquire) & bit)) return cudaSuccess;
-    status = cudaFuncSetAttribute(v4_pipelined_attention_fwd<Tr>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  Tr::kSmemBytes);
+    status = cudaFuncSetAttribute(v4_pipelined_attention_fwd<Tr, kClusterSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                  dynamic_smem_bytes<Tr, kClusterSplit>());
     if (status != cudaSuccess) return status;
 #if V4_PIPELINED_CARVEOUT_HINT
-    status = cudaFuncSetAttribute(v4_pipelined_attention_fwd<Tr>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    status = cudaFuncSetAttribute(v4_pipelined_attention_fwd<Tr, kClusterSplit>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                   cudaSharedmemCarveoutMaxShared);
     if (status != cudaSuccess) return status;
 #endif
@@ -167,34 +211,90 @@ cudaError_t configure_kernel_once() {
     return cudaSuccess;
 }
 
-#if V4_PIPELINED_KEY_SPLIT
-// SMs of the current device, read once per device (0 if it cannot be read).
-inline int sm_count() {
-    static std::atomic<int> cached[64] = {};
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return 0;
-    if (device < 64) {
-        const int known = cached[device].load(std::memory_order_relaxed);
-        if (known > 0) return known;
-    }
-    int count = 0;
-    if (cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) return 0;
-    if (device < 64) cached[device].store(count, std::memory_order_relaxed);
-    return count;
-}
-#endif
+// What the launch needs to know of the current device, read once per device (zeros if it
+// cannot be read: no key split then).
+struct DeviceFacts {
+    int sms;
+    int cc_major;
+};
 
+inline DeviceFacts device_facts() {
+    static std::atomic<int> cached_sms[64] = {};
+    static std::atomic<int> cached_major[64] = {};
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return DeviceFacts{0, 0};
+    if (device < 64) {
+        const int sms = cached_sms[device].load(std::memory_order_acquire);
+        if (sms > 0) return DeviceFacts{sms, cached_major[device].load(std::memory_order_relaxed)};
+    }
+    DeviceFacts facts{0, 0};
+    if (cudaDeviceGetAttribute(&facts.sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&facts.cc_major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess) {
+        return DeviceFacts{0, 0};
+    }
+    if (device < 64) {
+        cached_major[device].store(facts.cc_major, std::memory_order_relaxed);
+        cached_sms[device].store(facts.sms, std::memory_order_release);  // publishes cc_major too
+    }
+    return facts;
+}
+
+// CTAs per cluster when the keys of each query tile are split across a cluster (1: no split).
+// A grid that leaves CTA slots empty (fewer than SPLIT_CTAS_PER_SM per SM) is multiplied up to
+// about that many per SM: by 2 or 4 (a split owns whole warps' rows), at most one key tile per CTA.
 template <class Tr>
+int cluster_key_splits(int64_t ctas, int seq_len) {
+#if V4_PIPELINED_CLUSTER_SPLIT
+    const DeviceFacts facts = device_facts();
+    if (facts.cc_major < 9 || ctas <= 0) return 1;
+    const int64_t by_grid = static_cast<int64_t>(facts.sms) * V4_PIPELINED_SPLIT_CTAS_PER_SM / ctas;
+    const int64_t by_keys = ceil_div(seq_len, Tr::kStepKeys);
+    const int64_t most = by_grid < by_keys ? by_grid : by_keys;
+    int splits = 1;
+    while (splits * 2 <= most && splits * 2 <= ClusterLayout<Tr>::kMaxSplits) splits *= 2;
+    return splits;
+#else
+    (void)ctas;
+    (void)seq_len;
+    return 1;
+#endif
+}
+
+template <class Tr, bool kClusterSplit>
 int launch_traits(const void* q, const void* k, const void* v, void* o, int64_t heads_total, int query_tiles,
-                  int seq_len, bool causal, float scale, cudaStream_t stream) {
+                  int seq_len, bool causal, float scale, int key_splits, cudaStream_t stream) {
     using T = typename Tr::elem_t;
-    const cudaError_t configured = configure_kernel_once<Tr>();
+    const cudaError_t configured = configure_kernel_once<Tr, kClusterSplit>();
     if (configured != cudaSuccess) return static_cast<int>(configured);
-    const dim3 grid(static_cast<unsigned>(heads_total), static_cast<unsigned>(query_tiles));
-    v4_pipelined_attention_fwd<Tr><<<grid, Tr::kThreads, Tr::kSmemBytes, stream>>>(
-        static_cast<const T*>(q), static_cast<const T*>(k), static_cast<const T*>(v), static_cast<T*>(o), seq_len,
-        causal, scale * kLog2e);
-    return static_cast<int>(cudaGetLastError());
+    const dim3 grid(static_cast<unsigned>(heads_total * key_splits), static_cast<unsigned>(query_tiles));
+    cudaLaunchConfig_t launch_config = {};
+    launch_config.gridDim = grid;
+    launch_config.blockDim = dim3(Tr::kThreads);
+    launch_config.dynamicSmemBytes = dynamic_smem_bytes<Tr, kClusterSplit>();
+    launch_config.stream = stream;
+    cudaLaunchAttribute attributes[2];
+    unsigned count = 0;
+    if constexpr (kClusterSplit) {
+        attributes[count].id = cudaLaunchAttributeClusterDimension;
+        attributes[count].val.clusterDim.x = static_cast<unsigned>(key_splits);
+        attributes[count].val.clusterDim.y = 1;
+        attributes[count].val.clusterDim.z = 1;
+        ++count;
+    }
+#if V4_PIPELINED_PDL
+    if (device_facts().cc_major >= 9) {
+        attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attributes[count].val.programmaticStreamSerializationAllowed = 1;
+        ++count;
+    }
+#endif
+    launch_config.attrs = count > 0 ? attributes : nullptr;
+    launch_config.numAttrs = count;
+    const cudaError_t launched = cudaLaunchKernelEx(&launch_config, v4_pipelined_attention_fwd<Tr, kClusterSplit>,
+                                                    static_cast<const T*>(q), static_cast<const T*>(k),
+                                                    static_cast<const T*>(v), static_cast<T*>(o), seq_len, causal,
+                                                    scale * kLog2e, key_splits);
+    return static_cast<int>(launched != cudaSuccess ? launched : cudaGetLastError());
 }
 
 }  // namespace
@@ -209,18 +309,27 @@ int launch(const void* q, const void* k, const void* v, void* o, int batch, int 
     const int query_tiles = ceil_div(seq_len, Tr::kBlockM);
     const int64_t heads_total = static_cast<int64_t>(batch) * heads;
     if (query_tiles > 65535 || heads_total > INT_MAX) return EVO_SDPA_ERR_UNSUPPORTED;  // gridDim.y / gridDim.x limits
+    // A split CTA walks a few key tiles: at D=128 two stages leave room for the receive slots with
+    // two CTAs per SM.
+    using ClusterTr = TileTraits<T, HEAD_DIM, Tr::kRowWarps, (HEAD_DIM > 64 ? 1 : V4_PIPELINED_CLUSTER_KEY_GROUPS_D64),
+                                 Tr::kBlockN, (HEAD_DIM > 64 ? 2 : Tr::kStages)>;
+    const int key_splits = cluster_key_splits<ClusterTr>(heads_total * query_tiles, seq_len);
+    if (key_splits > 1) {
+        return launch_traits<ClusterTr, true>(q, k, v, o, heads_total, query_tiles, seq_len, causal, scale, key_splits,
+                                              stream);
+    }
 #if V4_PIPELINED_KEY_SPLIT
     // A grid of at most one 4-warp CTA per SM leaves each SM sub-partition one warp with a long
     // serial chain of key tiles; two key groups put two warps on the same rows, each half the chain.
     if constexpr (HEAD_DIM == 64) {
         using SplitTr = TileTraits<T, HEAD_DIM, Tr::kRowWarps, 2>;
         static_assert(SplitTr::kBlockM == Tr::kBlockM, "the same query tiles either way");
-        if (heads_total * query_tiles <= sm_count()) {
-            return launch_traits<SplitTr>(q, k, v, o, heads_total, query_tiles, seq_len, causal, scale, stream);
+        if (heads_total * query_tiles <= device_facts().sms) {
+            return launch_traits<SplitTr, false>(q, k, v, o, heads_total, query_tiles, seq_len, causal, scale, 1, stream);
         }
     }
 #endif
-    return launch_traits<Tr>(q, k, v, o, heads_total, query_tiles, seq_len, causal, scale, stream);
+    return launch_traits<Tr, false>(q, k, v, o, heads_total, query_tiles, seq_len, causal, scale, 1, stream);
 }
 
 template <typename T>

@@ -51,32 +51,49 @@ __device__ __forceinline__ void store_partial_state(float* slot, const OnlineSof
     }
 }
 
-// Folds the partial state in `slot` (the same rows, other keys; same lane layout) into this
-// warp's. A row none of whose keys either side has seen keeps max -inf: base 0 keeps the
+// Folds another partial state of the same rows over other keys into this warp's: the other's
+// max and sum of row r, and `other_o(d, e)` its output register e of n8 tile d (the same lane
+// layout). A row none of whose keys either side has seen keeps max -inf: base 0 keeps the
 // weights exp2(-inf) = 0 instead of NaN (only rows past S, never stored).
+template <class Tr, class OtherO>
+__device__ __forceinline__ void fold_partial_state(OnlineSoftmax<Tr>& softmax, float (&o)[Tr::kOutTiles][4],
+                                                   const float (&other_max)[OnlineSoftmax<Tr>::kRows],
+                                                   const float (&other_sum)[OnlineSoftmax<Tr>::kRows],
+                                                   const OtherO& other_o) {
+    constexpr int kRows = OnlineSoftmax<Tr>::kRows;
+    float mine_scale[kRows], other_scale[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+        const float new_max = fmaxf(softmax.running_max[r], other_max[r]);
+        const float base = new_max == -INFINITY ? 0.0f : new_max;
+        mine_scale[r] = fast_exp2(softmax.running_max[r] - base);
+        other_scale[r] = fast_exp2(other_max[r] - base);
+        softmax.running_max[r] = new_max;
+        softmax.running_sum[r] = softmax.running_sum[r] * mine_scale[r] + other_sum[r] * other_scale[r];
+    }
+    // Registers 2r, 2r+1 of each n8 tile belong to row r; one tile's four registers in a row, so
+    // a source that reads them as one 16-byte chunk reads it once.
+#pragma unroll
+    for (int d = 0; d < Tr::kOutTiles; ++d) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[d][e] = o[d][e] * mine_scale[e / 2] + other_o(d, e) * other_scale[e / 2];
+    }
+}
+
+// Folds the partial state in `slot` (the same rows, other keys; same lane layout) into this warp's.
 template <class Tr>
 __device__ __forceinline__ void merge_partial_state(const float* slot, OnlineSoftmax<Tr>& softmax,
                                                     float (&o)[Tr::kOutTiles][4], int lane) {
     using PS = PartialState<Tr>;
+    float other_max[PS::kRows], other_sum[PS::kRows];
 #pragma unroll
     for (int r = 0; r < PS::kRows; ++r) {
-        const float other_max = slot[r * kWarpSize + lane];
-        const float other_sum = slot[(PS::kRows + r) * kWarpSize + lane];
-        const float new_max = fmaxf(softmax.running_max[r], other_max);
-        const float base = new_max == -INFINITY ? 0.0f : new_max;
-        const float mine_scale = fast_exp2(softmax.running_max[r] - base);
-        const float other_scale = fast_exp2(other_max - base);
-        softmax.running_max[r] = new_max;
-        softmax.running_sum[r] = softmax.running_sum[r] * mine_scale + other_sum * other_scale;
-        // Registers 2r, 2r+1 of each n8 tile belong to row r.
-#pragma unroll
-        for (int d = 0; d < Tr::kOutTiles; ++d) {
-#pragma unroll
-            for (int e = 2 * r; e < 2 * r + 2; ++e) {
-                o[d][e] = o[d][e] * mine_scale + slot[(2 * PS::kRows + 4 * d + e) * kWarpSize + lane] * other_scale;
-            }
-        }
+        other_max[r] = slot[r * kWarpSize + lane];
+        other_sum[r] = slot[(PS::kRows + r) * kWarpSize + lane];
     }
+    fold_partial_state<Tr>(softmax, o, other_max, other_sum, [&](int d, int e) {
+        return slot[(2 * PS::kRows + 4 * d + e) * kWarpSize + lane];
+    });
 }
 
 }  // namespace v4_pipelined

@@ -35,7 +35,8 @@ struct KvPipeline {
     const T* k_head;  // this head's [S, D] slabs in global memory
     const T* v_head;
     int seq_len;
-    int tile_end;     // steps this CTA attends: [0, tile_end)
+    int tile_end;     // steps this CTA attends: [0, tile_end), counted from first_tile
+    int first_tile;   // the key tile of step 0: 0, or a cluster rank's share (cluster_split.cuh)
 
     static __device__ __forceinline__ int stage_of(int tile) { return tile % Tr::kStages; }
 
@@ -58,7 +59,7 @@ struct KvPipeline {
     __device__ __forceinline__ void issue(int tile) const {
         if (tile < tile_end) {
             const int stage = stage_of(tile);
-            const int first_key = tile * Tr::kStepKeys;
+            const int first_key = (first_tile + tile) * Tr::kStepKeys;
             load_tile_async<Tr, Tr::kStepKeys>(k_tile(stage), k_head, first_key, seq_len);
             load_tile_async<Tr, Tr::kStepKeys>(v_tile(stage), v_head, first_key, seq_len);
         }

@@ -18,11 +18,12 @@ struct CtaCoords {
     int query_tile;   // which kBlockM rows of the head
 };
 
-// grid = (B*H, query tiles). Heads are the fast index and query tiles run in reverse, so the
-// CTAs issued first are the longest causal ones (largest-first: a short tail), and the CTAs in
-// flight together touch the same few query tiles of many heads.
-__device__ __forceinline__ CtaCoords cta_coords() {
-    return CtaCoords{static_cast<int64_t>(blockIdx.x), static_cast<int>(gridDim.y - 1 - blockIdx.y)};
+// grid = (B*H x key_splits, query tiles). Heads are the fast index and query tiles run in
+// reverse, so the CTAs issued first are the longest causal ones (largest-first: a short tail),
+// and the CTAs in flight together touch the same few query tiles of many heads. With a cluster
+// key split, the key_splits consecutive CTAs of a cluster share one head and query tile.
+__device__ __forceinline__ CtaCoords cta_coords(int key_splits) {
+    return CtaCoords{static_cast<int64_t>(blockIdx.x / key_splits), static_cast<int>(gridDim.y - 1 - blockIdx.y)};
 }
 
 // A warp's place in the CTA: which 16 query rows (row_warp) and which kBlockN keys of each

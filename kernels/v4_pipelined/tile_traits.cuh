@@ -40,6 +40,24 @@
 #error "V4_PIPELINED_ISSUE_AFTER_SCORES undefined: the build passes it from variant.yaml (tunables.issue_after_scores)"
 #endif
 
+// 1: on sm_90, grids of fewer CTAs than SPLIT_CTAS_PER_SM per SM split each query tile's keys
+// across the CTAs of a cluster (cluster_split.cuh).
+#ifndef V4_PIPELINED_CLUSTER_SPLIT
+#error "V4_PIPELINED_CLUSTER_SPLIT undefined: the build passes it from variant.yaml (tunables.cluster_split)"
+#endif
+#ifndef V4_PIPELINED_CLUSTER_KEY_GROUPS_D64
+#error "V4_PIPELINED_CLUSTER_KEY_GROUPS_D64 undefined: the build passes it from variant.yaml (tunables.cluster_key_groups_d64)"
+#endif
+#ifndef V4_PIPELINED_SPLIT_CTAS_PER_SM
+#error "V4_PIPELINED_SPLIT_CTAS_PER_SM undefined: the build passes it from variant.yaml (tunables.split_ctas_per_sm)"
+#endif
+
+// 1: on sm_90, launches allow programmatic dependent launch (the grid starts while the previous
+// kernel on the stream drains and waits for it before reading anything).
+#ifndef V4_PIPELINED_PDL
+#error "V4_PIPELINED_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
+#endif
+
 #ifndef V4_PIPELINED_MIN_CTAS_D64
 #error "V4_PIPELINED_MIN_CTAS_D64 undefined: the build passes it from variant.yaml (tunables.min_ctas_d64)"
 #endif

@@ -18,6 +18,12 @@ from evo_sdpa.ncu import KernelProfile, key_metrics
 
 # Fewer than one full wave of CTAs leaves SMs idle for the whole kernel.
 UNDERFILL_WAVES = 1.0
+# Past one wave, a last wave this empty (share of the kernel's CTA-slot time idle in the tail,
+# CTAs assumed equally long) is worth a different tile count or a persistent schedule.
+TAIL_IDLE_SHARE = 0.10
+# A kernel whose one launch (measured empty, under graph replay) is at least this share of the
+# call (launch + duration) is launch-bound: its fixed costs matter as much as its throughput.
+LAUNCH_BOUND_SHARE = 0.15
 # Below a quarter of the SM's warp slots there are too few warps to hide memory and MMA latency
 # unless the kernel hides it inside the CTA (deep pipelines, warp specialisation).
 LOW_OCCUPANCY_PCT = 25.0
@@ -133,6 +139,7 @@ class Finding:
 class RuleContext:
     flops: float | None
     min_bytes: float | None
+    launch_us: float | None = None  # the env stage's measured empty-kernel launch (graph replay)
 
 
 Rule = Callable[[dict, RuleContext], "Finding | None"]
@@ -185,6 +192,63 @@ def underfilled_grid(m: dict, ctx: RuleContext) -> Finding | None:
         lever=(
             "Create more CTAs: smaller query tiles or split the key/value sequence across CTAs "
             "(split-KV with a combine step), or schedule tiles persistently over all SMs."
+        ),
+    )
+
+
+def tail_effect(m: dict, ctx: RuleContext) -> Finding | None:
+    """More than one wave whose last one is partly empty: that share of the CTA slots idles while
+    the tail runs (assuming CTAs of equal length; a causal grid's longest-first order shortens it)."""
+    waves, grid = m.get("waves_per_sm"), m.get("grid_size")
+    if waves is None or waves <= UNDERFILL_WAVES:
+        return None
+    whole = math.ceil(waves - 1e-9)
+    last = waves - (whole - 1)  # how full the last wave is, 0 < last <= 1
+    idle = (1.0 - last) / whole
+    if idle < TAIL_IDLE_SHARE:
+        return None
+    return Finding(
+        id="tail_effect",
+        title="Partial last wave (tail effect)",
+        severity=_clamp01(idle),
+        metric="launch__waves_per_multiprocessor",
+        value=waves,
+        threshold=TAIL_IDLE_SHARE,
+        evidence=(
+            f"{_fmt(grid)} CTAs make {_fmt(waves)} waves: the last of {whole} runs {last:.0%} full, so about "
+            f"{idle:.0%} of the kernel's CTA-slot time idles in the tail."
+        ),
+        lever=(
+            "Make the grid a whole number of waves (tile size, key-split count, CTAs per SM), or schedule "
+            "tiles persistently so the last CTAs share the tail."
+        ),
+    )
+
+
+def launch_bound(m: dict, ctx: RuleContext) -> Finding | None:
+    """A kernel so short that one launch's fixed cost is a large share of the call."""
+    duration = m.get("duration_us")
+    if not _known(duration, ctx.launch_us) or duration <= 0 or ctx.launch_us <= 0:
+        return None
+    share = ctx.launch_us / (ctx.launch_us + duration)
+    if share < LAUNCH_BOUND_SHARE:
+        return None
+    return Finding(
+        id="launch_bound",
+        title="Launch-bound: the fixed cost of a launch is a large share of the call",
+        severity=_clamp01(share),
+        metric="gpu__time_duration.sum",
+        value=duration,
+        threshold=LAUNCH_BOUND_SHARE,
+        evidence=(
+            f"The kernel runs {_fmt(duration)} µs and an empty kernel costs {_fmt(ctx.launch_us)} µs a launch on "
+            f"this card (env stage, graph replay): launch is about {share:.0%} of a call, and the CTA's fixed "
+            "prologue (first loads) and epilogue are a large part of the rest."
+        ),
+        lever=(
+            "Keep the call to one launch (combine split-K partials inside the kernel: clusters and distributed "
+            "shared memory), shorten the serial chain per CTA (smaller tiles, key splits across SMs), and "
+            "issue every load of a short CTA up front."
         ),
     )
 
@@ -411,7 +475,9 @@ def dominant_stalls(m: dict, ctx: RuleContext) -> list[Finding]:
 
 
 RULES: tuple[Rule, ...] = (
+    launch_bound,
     underfilled_grid,
+    tail_effect,
     low_occupancy,
     low_tensor_pipe,
     shared_bank_conflicts,
@@ -491,12 +557,13 @@ def analyze(
 
     Findings and roofline come from the dominant (longest) kernel, to which the call's `flops`
     (4*B*H*S*S*D, halved if causal) is attributed; `min_bytes` is q+k+v+o in bytes, the least
-    traffic the call can move; `ceilings` are the env stage's measured matmul TFLOP/s per dtype
-    and copy GB/s.
+    traffic the call can move; `ceilings` are the env stage's measured matmul TFLOP/s per dtype,
+    copy GB/s and empty-kernel launch µs.
     """
     dominant = dominant_kernel(kernels)
     metrics = key_metrics(dominant) if dominant is not None else {}
-    findings = find_bottlenecks(metrics, RuleContext(flops=flops, min_bytes=min_bytes))
+    findings = find_bottlenecks(metrics, RuleContext(flops=flops, min_bytes=min_bytes,
+                                                     launch_us=(ceilings or {}).get("launch_us")))
     return {
         "dominant_kernel": dominant.name if dominant is not None else None,
         "kernels": [{"id": k.id, "name": k.name, "duration_us": _duration_us(k)} for k in kernels],

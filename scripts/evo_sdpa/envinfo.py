@@ -10,6 +10,8 @@ from .provenance import card, git_state
 # Matmul size for the ceiling: large enough to reach the card's sustained dense rate.
 MATMUL_N = 8192
 COPY_BYTES = 1 << 30
+# Kernels captured back to back in one CUDA graph to time the fixed cost of one launch.
+LAUNCH_KERNELS = 200
 
 
 def _run(argv: list[str]) -> str | None:
@@ -110,8 +112,27 @@ def measure_ceilings() -> dict:
             a @ b
         mm_s = best_of(lambda: a @ b, 10)
         ceilings["matmul_tflops"][name] = 2 * MATMUL_N**3 / mm_s / 1e12
+    ceilings["launch_us"] = graph_launch_us(best_of)
+    ceilings["launch_kernels"] = LAUNCH_KERNELS
     torch.cuda.empty_cache()
     return ceilings
+
+
+def graph_launch_us(best_of) -> float:
+    """The cost of one launch of a kernel that does (almost) nothing, under CUDA-graph replay:
+    the floor under any kernel's per-call time, which the bottleneck analysis compares a
+    launch-bound kernel's duration with."""
+    import torch
+
+    cell = torch.zeros(1, device="cuda")
+    cell.add_(1.0)  # warm: the elementwise kernel is loaded before capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(LAUNCH_KERNELS):
+            cell.add_(1.0)
+    graph.replay()
+    return best_of(graph.replay, 20) * 1e6 / LAUNCH_KERNELS
 
 
 def capture() -> dict:

@@ -31,6 +31,8 @@ from .report import geomean as _geomean
 # under `addresses` when changing it can move that problem (workflow/schemas/variant.schema.yaml).
 FINDING_TAGS: dict[str, str] = {
     "underfilled_grid": "grid_fill",          # tile size or split
+    "tail_effect": "grid_fill",               # tile count, split count, CTAs per SM
+    "launch_bound": "latency",                # fixed per-CTA costs, serial chain per CTA
     "low_occupancy": "occupancy",             # registers or tile size
     "register_spills": "registers",
     "shared_bank_conflicts": "bank_conflicts",  # layout or padding
