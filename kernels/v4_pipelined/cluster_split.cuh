@@ -9,8 +9,8 @@
 // counts the bytes on an mbarrier of the owner (complete_tx), and exits. The owner waits on that
 // barrier, folds the states from its own shared memory and runs the epilogue. One kernel, no
 // global scratch, no memory fence. (The first version pulled: rank 0 read each other rank's state
-// through distributed shared memory after a cluster barrier; on an H100 each rank read cost
-// ~1.2 us, serialised, and the release barrier ~0.15 us per rank more: NOTES.md, run 4.)
+// through distributed shared memory after a release cluster barrier; on an H100 the reads cost
+// ~1.0 us per remote rank, serialised, and the barrier's fence ~1.1 us at 8 ranks: NOTES.md, run 5.)
 //
 // Ordering: each CTA initialises its barriers, arrives (relaxed) on the cluster barrier at entry
 // and waits on it only after its key loop, so no rank signals a barrier before it exists;

@@ -53,7 +53,10 @@ def plot_roofline(leaderboard: dict, path: str) -> None:
                    "(they are measured on a CUDA device).")
         return _save(plt, fig, path)
     ridge = compute * 1e12 / (copy_gbps * 1e9)
-    xs = [ridge / 100 * 1.5 ** i for i in range(40)]
+    # Two decades either side of the ridge and of every point, with the ridge itself on the line.
+    low = min([ridge] + [p["intensity"] for p in points]) / 100
+    high = max([ridge] + [p["intensity"] for p in points]) * 100
+    xs = sorted({ridge, *(low * (high / low) ** (i / 199) for i in range(200))})
     ax.plot(xs, [min(compute, x * copy_gbps / 1000) for x in xs], color="black",
             label=f"measured ceilings: {copy_gbps:.0f} GB/s copy, {compute:.0f} TFLOP/s {dtype} matmul")
     for p in points:
