@@ -276,8 +276,9 @@ def rechecks(result: dict) -> dict[str, str]:
 # Seen on an H200: the re-check catches these two only on the eager-only shape (S=128), where
 # the fresh tensors land at the timed ones' addresses after torch.cuda.empty_cache(). On the graph
 # shape (S=64) the last host call was the capture of input set 3, the fresh q lands elsewhere,
-# and the re-check passes. A re-check that wrote fresh values into the very tensors the timing
-# loop used (and re-poisoned its `out`) would catch both on every shape, by construction.
+# and the re-check passes. Refilling the first timed set in place (seen on an H100) still passed
+# there: the graph's last call used another set. The re-check refills the buffers of the
+# variant's last call and re-poisons its `out`, which catches both on every shape.
 @pytest.mark.gpu
 def test_bench_recheck_catches_output_cache_on_every_shape(gpu_test_config, tmp_path):
     """The second line of defence: had parity missed output_cache, would the bench's re-check on
