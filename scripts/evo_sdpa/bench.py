@@ -64,14 +64,16 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
 
     scale = 1.0 / math.sqrt(shape.D)
 
-    # The (q, k, v, out) of the variant's last call from Python, for the re-check: a forward that
-    # caches by address or skips a repeated call keys on its last call, which in graph mode is the
-    # capture's last call (input set graph_calls-1 mod sets), not the first set.
+    # The (q, k, v, out) of the variant's last call from Python (before any call: the last set
+    # made), for the re-check: a forward that caches by address or skips a repeated call keys on
+    # its last call, which in graph mode is the capture's last call (input set graph_calls-1 mod
+    # sets), not the first set.
     last_called = []
 
     def make_variant(q, k, v):
         out = torch.empty_like(q)
         buffers = (q, k, v, out)
+        last_called[:] = [buffers]
 
         def call() -> None:
             last_called[:] = [buffers]

@@ -80,7 +80,7 @@ def latency_boxes(leaderboard: dict) -> list[dict]:
         for r in entry["speedups"]:
             for who in ("sdpa", "variant"):
                 p50, iqr = r[f"{who}_p50_us"], r.get(f"{who}_iqr_us") or 0.0
-                boxes.append({"label": f"{r['shape']} {r['dtype']}\n{'SDPA' if who == 'sdpa' else entry['name']}",
+                boxes.append({"panel": f"{r['shape']} {r['dtype']}", "label": "SDPA" if who == "sdpa" else entry["name"],
                               "med": p50, "q1": p50 - iqr / 2, "q3": p50 + iqr / 2,
                               "whislo": p50 - iqr / 2, "whishi": r.get(f"{who}_p99_us") or r[f"{who}_p90_us"],
                               "p90": r[f"{who}_p90_us"], "sdpa": who == "sdpa"})
@@ -88,22 +88,38 @@ def latency_boxes(leaderboard: dict) -> list[dict]:
 
 
 def plot_latency(leaderboard: dict, path: str) -> None:
+    """One panel per (shape, dtype): each variant's box beside the SDPA run it was timed against."""
     boxes = latency_boxes(leaderboard)
-    plt, fig, ax = _figure((max(8, 0.5 * len(boxes) + 2), 5))
-    if not boxes:
+    panels: dict[str, list[dict]] = {}
+    for box in boxes:
+        panels.setdefault(box["panel"], []).append(box)
+    if not panels:
+        plt, fig, ax = _figure()
         _empty(ax, f"No latency measured on {leaderboard['device']}.")
         return _save(plt, fig, path)
-    stats = [{k: b[k] for k in ("label", "med", "q1", "q3", "whislo", "whishi")} for b in boxes]
-    art = ax.bxp(stats, showfliers=False, patch_artist=True)
-    for patch, box in zip(art["boxes"], boxes):
-        patch.set_facecolor("lightgray" if box["sdpa"] else "tab:blue")
-    ax.scatter(range(1, len(boxes) + 1), [b["p90"] for b in boxes], marker="_", color="red", label="p90", zorder=3)
-    ax.set_yscale("log")
-    ax.set_ylabel("latency µs (log)")
-    ax.tick_params(axis="x", labelsize=6, rotation=90)
-    ax.set_title("Latency per variant against SDPA (gray) in the same run\n(from stored percentiles, "
-                 "not samples: box p50 ± IQR/2, whisker to p99, red p90)", fontsize=9)
-    ax.legend(fontsize=7)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(4, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows + 0.6), squeeze=False)
+    for ax, (title, group) in zip(axes.flat, panels.items()):
+        stats = [{k: b[k] for k in ("label", "med", "q1", "q3", "whislo", "whishi")} for b in group]
+        art = ax.bxp(stats, showfliers=False, patch_artist=True)
+        for patch, box in zip(art["boxes"], group):
+            patch.set_facecolor("lightgray" if box["sdpa"] else "tab:blue")
+        ax.scatter(range(1, len(group) + 1), [b["p90"] for b in group], marker="_", color="red", zorder=3)
+        ax.set_title(title, fontsize=8)
+        ax.tick_params(axis="x", labelsize=7, rotation=30)
+        ax.tick_params(axis="y", labelsize=7)
+        ax.set_ylabel("µs", fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"Latency on {leaderboard['device']}: each variant (blue) beside SDPA (gray) timed in the same "
+                 "process\n(stored percentiles: box p50 ± IQR/2, whisker to p99, red p90)", fontsize=9)
+    fig.tight_layout()
     _save(plt, fig, path)
 
 
