@@ -26,12 +26,21 @@ def _clean(value: Any) -> Any:
     return value
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def write_text(path: str | os.PathLike, text: str) -> None:
-    """Write via a temporary file and rename, so a crash never leaves half a file behind."""
+    """Write via a temporary file and rename, so a crash never leaves half a file behind. The file
+    gets the mode a plain open() would give it (mkstemp's is 0600: unreadable to others on a
+    shared host)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
         os.replace(tmp, path)
