@@ -9,15 +9,17 @@
 //   - S = Q K^T in fp32 registers, online softmax in fp32, P reused from the S registers as the
 //     A operand of O += P V, O normalised once at the end;
 //   - at D=64, grids of at most one CTA per SM run 8-warp CTAs: two key groups split each step
-//     and merge their softmax states at the end (key_split.cuh).
+//     and merge their softmax states at the end (key_split.cuh);
+//   - on sm_90, grids that leave CTA slots empty split each query tile's keys across the 2 or 4
+//     CTAs of a cluster, merged by pushing states into the owning rank (cluster_split.cuh), and
+//     every launch allows programmatic dependent launch.
 // Files: tile_traits.cuh (tile shape, stages), tile_layout.cuh (indices, swizzle, copies),
 // pipeline.cuh (the K/V ring and its commit-group protocol), mma_primitives.cuh (PTX wrappers),
-// main_loop.cuh (the two products), online_softmax.cuh, epilogue.cuh.
+// main_loop.cuh (the two products), online_softmax.cuh, key_split.cuh, cluster_split.cuh,
+// epilogue.cuh.
 //
-// Tunables (set with -D; tile_traits.cuh, variant.yaml): V4_PIPELINED_STAGES (2 or 3; default 3),
-// V4_PIPELINED_BLOCK_N (32 or 64; default 64), V4_PIPELINED_KEY_SPLIT (default 1),
-// V4_PIPELINED_ROW_WARPS_D128 (4 or 8; default 4), V4_PIPELINED_MIN_CTAS_D64 (default 3), and two
-// A/B knobs (V4_PIPELINED_CARVEOUT_HINT, V4_PIPELINED_ISSUE_AFTER_SCORES).
+// Tunables: variant.yaml declares each (values, default, what it addresses) and the build passes
+// all of them as -D; tile_traits.cuh stops the compile if one is missing.
 #include <atomic>
 #include <climits>
 #include <cmath>
