@@ -182,8 +182,7 @@ namespace {
 
 inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-// Above 48 KB a kernel must opt in to its dynamic shared memory, once per device; the carveout
-// hint asks for the largest shared-memory split so 2 (D=128) or 3 (D=64) CTAs fit per SM.
+// The pipeline's stages, plus the receive slots and barriers of a cluster split.
 template <class Tr, bool kClusterSplit>
 constexpr int dynamic_smem_bytes() {
     if constexpr (kClusterSplit) {
@@ -193,6 +192,8 @@ constexpr int dynamic_smem_bytes() {
     }
 }
 
+// Above 48 KB a kernel must opt in to its dynamic shared memory, once per device; the carveout
+// hint asks for the largest shared-memory split so 2 (D=128) or 3 (D=64) CTAs fit per SM.
 template <class Tr, bool kClusterSplit>
 cudaError_t configure_kernel_once() {
     static std::atomic<uint64_t> configured_devices{0};  // bit d: done on device d (d < 64)

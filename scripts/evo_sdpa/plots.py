@@ -9,12 +9,16 @@ from pathlib import Path
 from .io import read_json
 
 
-def _figure(size=(9, 5)):
+def _figure(size=(9, 5), rows: int = 0, cols: int = 0):
+    """(pyplot, figure, axes): one axes, or with rows and cols a grid of them (always 2-D)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    if rows and cols:
+        fig, axes = plt.subplots(rows, cols, figsize=size, squeeze=False)
+        return plt, fig, axes
     fig, ax = plt.subplots(figsize=size)
     return plt, fig, ax
 
@@ -97,14 +101,9 @@ def plot_latency(leaderboard: dict, path: str) -> None:
         plt, fig, ax = _figure()
         _empty(ax, f"No latency measured on {leaderboard['device']}.")
         return _save(plt, fig, path)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     cols = min(4, len(panels))
     rows = -(-len(panels) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.8 * rows + 0.6), squeeze=False)
+    plt, fig, axes = _figure((3.2 * cols, 2.8 * rows + 0.6), rows, cols)
     for ax, (title, group) in zip(axes.flat, panels.items()):
         stats = [{k: b[k] for k in ("label", "med", "q1", "q3", "whislo", "whishi")} for b in group]
         art = ax.bxp(stats, showfliers=False, patch_artist=True)
@@ -119,7 +118,6 @@ def plot_latency(leaderboard: dict, path: str) -> None:
         ax.axis("off")
     fig.suptitle(f"Latency on {leaderboard['device']}: each variant (blue) beside SDPA (gray) timed in the same "
                  "process\n(stored percentiles: box p50 ± IQR/2, whisker to p99, red p90)", fontsize=9)
-    fig.tight_layout()
     _save(plt, fig, path)
 
 
