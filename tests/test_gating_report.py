@@ -503,6 +503,26 @@ def test_leaderboard_sdpa_baseline_and_not_run(gpu_leaderboard):
     json.dumps(gpu_leaderboard)  # the stage writes it as JSON
 
 
+def test_bench_records_how_firmly_it_pinned_each_speedup(gpu_tree, gpu_leaderboard):
+    small = next(c for c in read_json(gpu_tree / "bench" / "good.json")["cases"] if c["label"] == SMALL.label)
+    graph = small["modes"]["graph"]
+    lo, hi = graph["speedup_p50_ci95"]
+    assert lo <= 2.0 <= hi and graph["speedup_p50_halves"] == pytest.approx([2.0, 2.0], rel=0.01)
+    assert graph["repeat_flag"] is None
+    good = by_name(gpu_leaderboard)["good"]
+    assert good["repeat_flags"] == [] and all(r["repeat_flag"] is None for r in good["speedups"])
+
+
+def test_summary_marks_a_speedup_the_run_could_not_pin(gpu_leaderboard):
+    good = by_name(gpu_leaderboard)["good"]
+    flag = "speedup not pinned to 2%: first and second half of the rounds give 1.950 and 2.050"
+    good["speedups"][0]["repeat_flag"] = flag
+    good["repeat_flags"] = [f"{SMALL.label} fp16 [graph x32]: {flag}"]
+    text = report.render(gpu_leaderboard)
+    assert "| 2.000 ⚠ |" in text
+    assert f"- ⚠ good, {SMALL.label} fp16 [graph x32]: {flag} (a rerun may not repeat this ratio)" in text
+
+
 def test_render_gpu_summary(gpu_leaderboard):
     text = report.render(gpu_leaderboard)
     assert "| variant | kind | build | sanitizer | parity | bench | ncu | analysis | outcome | measured at |" in text

@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import math
+import random
 
 import numpy as np
 import pytest
 
-from evo_sdpa.stats import StopRule, gbps, percentile, rel_spread, summarize, tflops
+from evo_sdpa.stats import (REPEAT_TOLERANCE, StopRule, gbps, percentile, rel_spread,
+                             speedup_interval, summarize, tflops)
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 100, 1001])
@@ -108,6 +110,49 @@ def test_min_time_is_gpu_time_summed_over_all_series():
 def test_wall_time_does_not_count_as_gpu_time():
     rule = StopRule(min_samples=5, min_time_ms=100.0, max_time_ms=1e9, rel_spread=0.5)
     assert rule.check([steady(20, 10.0)], wall_ms=500.0) is None  # 0.2 ms GPU, 500 ms wall
+
+
+# ---------------------------------------------------------------- speedup firmness
+
+
+def jitter(n: int, value_us: float, rel: float, seed: int) -> list[float]:
+    rng = random.Random(seed)
+    return [value_us * (1 + rng.uniform(-rel, rel)) for _ in range(n)]
+
+
+def test_a_tight_pair_of_series_pins_the_ratio():
+    sdpa, variant = jitter(400, 12.0, 0.01, 1), jitter(400, 10.0, 0.01, 2)
+    firm = speedup_interval(sdpa, variant)
+    lo, hi = firm["ci95"]
+    assert lo < 1.2 < hi and (hi - lo) / 1.2 < REPEAT_TOLERANCE
+    assert firm["flag"] is None
+
+
+def test_a_bimodal_variant_leaves_the_ratio_unpinned():
+    """Half the calls 10 us, half 11 us, shuffled: the p50 sits between two modes 10% apart and a
+    rerun can land on either; the spread rule alone converges on neither."""
+    rng = random.Random(3)
+    variant = [10.0 if rng.random() < 0.5 else 11.0 for _ in range(200)]
+    firm = speedup_interval(jitter(200, 12.0, 0.005, 4), variant)
+    assert firm["flag"] and "interval" in firm["flag"]
+
+
+def test_a_drift_between_the_halves_is_flagged_even_when_each_half_is_tight():
+    variant = jitter(300, 10.0, 0.002, 5) + jitter(300, 10.6, 0.002, 6)
+    firm = speedup_interval(jitter(600, 12.0, 0.002, 7), variant)
+    first, second = firm["halves"]
+    assert first == pytest.approx(1.2, rel=0.01) and second == pytest.approx(12 / 10.6, rel=0.01)
+    assert firm["flag"] and "first and second half" in firm["flag"]
+
+
+def test_the_interval_is_the_same_for_the_same_samples():
+    sdpa, variant = jitter(100, 12.0, 0.05, 8), jitter(100, 10.0, 0.05, 9)
+    assert speedup_interval(sdpa, variant) == speedup_interval(sdpa, variant)
+
+
+def test_unpaired_series_are_refused():
+    with pytest.raises(ValueError, match="paired"):
+        speedup_interval([1.0] * 10, [1.0] * 9)
 
 
 # ---------------------------------------------------------------- rates

@@ -7,7 +7,7 @@ import math
 from .inputs import make_qkv, reference
 from .runners import sdpa_call
 from .shapes import Shape, torch_dtype
-from .stats import gbps, tflops
+from .stats import gbps, speedup_interval, tflops
 from .timing import sm_clock_mhz, time_shape
 from .tolerance import ToleranceRule, error_stats
 from .variants import Variant
@@ -92,6 +92,7 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
         v_stats, s_stats = by_name["variant"]["stats"], by_name["sdpa"]["stats"]
         achieved = tflops(shape.flops, v_stats["p50_us"])
         achieved_gbps = gbps(shape.min_bytes(dtype), v_stats["p50_us"])
+        firmness = speedup_interval(by_name["sdpa"]["samples_us"], by_name["variant"]["samples_us"])
         modes[mode] = {
             "label": by_name["variant"]["mode"],
             "cache": by_name["variant"]["cache"],
@@ -100,6 +101,9 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
             "sdpa": s_stats,
             "speedup_p50": s_stats["p50_us"] / v_stats["p50_us"],
             "speedup_p90": s_stats["p90_us"] / v_stats["p90_us"],
+            "speedup_p50_ci95": firmness["ci95"],
+            "speedup_p50_halves": firmness["halves"],
+            "repeat_flag": firmness["flag"],
             "variant_tflops": achieved,
             "sdpa_tflops": tflops(shape.flops, s_stats["p50_us"]),
             "variant_gbps": achieved_gbps,
@@ -133,6 +137,9 @@ def run(variant: Variant, forward, shapes: list[Shape], dtypes: list[str], timin
                        if c["status"] == "measured" and c["recheck"]["status"] != "pass"]
     flags = [c["label"] + " " + c["dtype"] + ": " + m["sanity_flag"] for c in cases
              if c["status"] == "measured" for m in c["modes"].values() if m["sanity_flag"]]
+    unpinned = [c["label"] + " " + c["dtype"] + f" [{m['label']}]: " + m["repeat_flag"] for c in cases
+                if c["status"] == "measured" for m in c["modes"].values() if m["repeat_flag"]]
     status = "fail" if rechecks_failed else "measured"
     reasons = [f"output wrong on fresh inputs after timing: {', '.join(rechecks_failed)}"] if rechecks_failed else []
-    return {"status": status, "reasons": reasons, "sanity_flags": flags, "cases": cases}
+    return {"status": status, "reasons": reasons, "sanity_flags": flags, "repeat_flags": unpinned,
+            "cases": cases}

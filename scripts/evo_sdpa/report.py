@@ -71,6 +71,7 @@ def speedup_rows(bench: dict) -> list[dict]:
             "variant_p99_us": mode["variant"].get("p99_us"), "sdpa_p99_us": mode["sdpa"].get("p99_us"),
             "variant_tflops": mode["variant_tflops"], "recheck": case["recheck"]["status"],
             "sanity_flag": mode["sanity_flag"], "ended_by": mode["ended_by"],
+            "speedup_p50_ci95": mode.get("speedup_p50_ci95"), "repeat_flag": mode.get("repeat_flag"),
         })
     return rows
 
@@ -141,6 +142,7 @@ def variant_entry(results: Path, name: str) -> dict:
         "speedups": speedups,
         "geomean_speedup_p50": geomean([r["speedup_p50"] for r in speedups]),
         "sanity_flags": records["bench"].get("sanity_flags", []),
+        "repeat_flags": records["bench"].get("repeat_flags", []),
         "bottlenecks": top_findings(records["analysis"]),
         "roofline": records["analysis"].get("roofline"),
         "sm_busy_pct": (records["analysis"].get("key_metrics") or {}).get("sm_throughput_pct"),

@@ -9,10 +9,7 @@ def percentile(samples: list[float], q: float) -> float:
     """Linear-interpolated percentile, q in [0, 100] (numpy's default method)."""
     if not samples:
         raise ValueError("percentile of no samples")
-    ordered = sorted(samples)
-    pos = (len(ordered) - 1) * q / 100.0
-    lo, hi = math.floor(pos), math.ceil(pos)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+    return _sorted_percentile(sorted(samples), q)
 
 
 def summarize(samples_us: list[float]) -> dict:
@@ -31,9 +28,16 @@ def summarize(samples_us: list[float]) -> dict:
     }
 
 
+def _sorted_percentile(ordered: list[float], q: float) -> float:
+    pos = (len(ordered) - 1) * q / 100.0
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
+
+
 def rel_spread(samples: list[float]) -> float:
-    p50 = percentile(samples, 50)
-    return (percentile(samples, 75) - percentile(samples, 25)) / p50 if p50 > 0 else math.inf
+    ordered = sorted(samples)
+    p25, p50, p75 = (_sorted_percentile(ordered, q) for q in (25, 50, 75))
+    return (p75 - p25) / p50 if p50 > 0 else math.inf
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,38 @@ class StopRule:
         if all(rel_spread(s) <= self.rel_spread for s in series):
             return "converged"
         return None
+
+
+# Two runs of the same code agree on a speedup to about this fraction when each pins it to half.
+REPEAT_TOLERANCE = 0.02
+BOOTSTRAP_RESAMPLES = 400
+
+
+def speedup_interval(baseline_us: list[float], variant_us: list[float], seed: int = 0) -> dict:
+    """How firmly one run pins p50(baseline) / p50(variant). The samples are paired by round (the
+    timing interleaves the two), so rounds are resampled together: a 95% bootstrap interval of the
+    ratio. Rounds are time-ordered, so the ratio of the first half against the second shows a
+    drift (clocks, another tenant) that resampling would average away. `flag` says why the ratio
+    is not pinned to REPEAT_TOLERANCE (the interval wider, or the halves further apart), else None."""
+    import numpy as np
+
+    if len(baseline_us) != len(variant_us) or len(baseline_us) < 4:
+        raise ValueError("speedup_interval needs paired rounds, at least 4")
+    base, var = np.asarray(baseline_us), np.asarray(variant_us)
+    ratio = float(np.median(base) / np.median(var))
+    picks = np.random.default_rng(seed).integers(0, len(base), size=(BOOTSTRAP_RESAMPLES, len(base)))
+    boot = np.median(base[picks], axis=1) / np.median(var[picks], axis=1)
+    lo, hi = (float(x) for x in np.percentile(boot, [2.5, 97.5]))
+    half = len(base) // 2
+    halves = [float(np.median(base[:half]) / np.median(var[:half])),
+              float(np.median(base[half:]) / np.median(var[half:]))]
+    reasons = []
+    if (hi - lo) / ratio > REPEAT_TOLERANCE:
+        reasons.append(f"95% interval {lo:.3f}-{hi:.3f} is wider than {REPEAT_TOLERANCE:.0%}")
+    if abs(halves[1] - halves[0]) / ratio > REPEAT_TOLERANCE:
+        reasons.append(f"first and second half of the rounds give {halves[0]:.3f} and {halves[1]:.3f}")
+    return {"ci95": [lo, hi], "halves": halves,
+            "flag": ("speedup not pinned to " + f"{REPEAT_TOLERANCE:.0%}: " + "; ".join(reasons)) if reasons else None}
 
 
 def tflops(flops: float, time_us: float) -> float:
