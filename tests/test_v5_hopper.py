@@ -108,3 +108,47 @@ def test_two_builds_share_a_process(sm90a_build, tmp_path):
         out = torch.full_like(q, float("nan"))
         load_forward(v5_variant(), artifact)(q, k, v, out, True, 1 / math.sqrt(128))
         assert (out.double() - expected).abs().max().item() < 2e-3
+
+
+@pytest.fixture(scope="module")
+def dynamic_build(tmp_path_factory):
+    """Every multi-wave grid persistent, its tiles handed out by the counter."""
+    needs_toolchain()
+    verdict, resources, _ = build_cuda(v5_variant(), "9.0", tmp_path_factory.mktemp("v5dyn"),
+                                       tunable_values={"dynamic_tiles": 1, "persistent": 1})
+    return verdict, resources
+
+
+def test_dynamic_tiles_build_without_spills(dynamic_build):
+    verdict, resources = dynamic_build
+    assert verdict["status"] == "pass", verdict["reasons"]
+    assert verdict["tunables"]["dynamic_tiles"] == 1
+    assert all(r["spill_store_bytes"] == 0 and r["stack_frame_bytes"] == 0 for r in resources)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("D,causal", [(128, True), (128, False), (64, True), (64, False)])
+def test_dynamic_tiles_cover_every_tile_call_after_call(dynamic_build, D, causal):
+    """Grids of several waves (more tiles than SMs): every tile is computed once, and each launch
+    leaves its counter zeroed for the next. A counter left dirty makes the next call on that slot
+    skip tiles, which the NaN-poisoned output shows; 300 calls wrap the 256 slots."""
+    import math
+
+    import torch
+
+    from evo_sdpa.inputs import make_qkv, reference
+    from evo_sdpa.runners import load_forward
+
+    if not sm90_device():
+        pytest.skip("v5_hopper runs on compute capability 9.0 only")
+    forward = load_forward(v5_variant(), dynamic_build[0]["artifact"])
+    scale = 1 / math.sqrt(D)
+    q, k, v = make_qkv(2, 12, 1500, D, torch.float16, "cuda", 0)   # 12 x 24 = 288 tiles of 128 rows
+    expected = reference(q, k, v, causal, scale)
+    out = torch.empty_like(q)
+    for call in range(300):
+        out.fill_(float("nan"))
+        forward(q, k, v, out, causal, scale)
+        if call % 50 == 0 or call >= 254:
+            torch.cuda.synchronize()
+            assert (out.double() - expected).abs().max().item() < 2e-3, f"call {call}"
