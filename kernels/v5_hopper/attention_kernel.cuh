@@ -70,8 +70,7 @@ __device__ void produce(typename Traits::Params const& params, typename Traits::
     const TileScheduler<Traits::kBlockM, kCausal, typename Traits::Params> scheduler{params};
     auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
     int tile_count = 0;
-    for (int t = scheduler.first(); scheduler.valid(t); ++tile_count) {
-        const int next_tile = scheduler.next(t);
+    for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
         Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), select<0, 2>(typename Traits::TileShapeQK{}),
                                make_coord(tile.m_block, _0{}));
@@ -90,7 +89,6 @@ __device__ void produce(typename Traits::Params const& params, typename Traits::
         pipeline_k.producer_acquire(write);
         copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
         if (tile_count > 0) BarrierQEmpty::wait(&shared.barrier_q_empty, (tile_count - 1) & 1);
-        shared.tile = t;   // published by the arrive below, read once Q's phase completes
         BarrierQ::arrive_and_expect_tx(&shared.barrier_q, Traits::kTmaBytesQ);
         copy(params.tma_q.with(shared.barrier_q), tQg, tQs);
         pipeline_v.producer_acquire(write);
@@ -103,13 +101,7 @@ __device__ void produce(typename Traits::Params const& params, typename Traits::
             copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
             ++write;
         }
-        t = next_tile;
     }
-    // No tile left: announce it on Q's barrier once the consumers are done with the last one.
-    if (tile_count > 0) BarrierQEmpty::wait(&shared.barrier_q_empty, (tile_count - 1) & 1);
-    shared.tile = -1;
-    BarrierQ::arrive(&shared.barrier_q);
-    scheduler.finish();
     // Do not leave while a consumer may still wait on a stage this thread filled.
     pipeline_k.producer_tail(write);
     pipeline_v.producer_tail(write);
@@ -144,16 +136,15 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
 
     const TileScheduler<Traits::kBlockM, kCausal, typename Traits::Params> scheduler{params};
     typename Traits::PipelineState read_k;   // K and V stages advance together
-    for (int tile_count = 0;; ++tile_count) {
-        BarrierQ::wait(&shared.barrier_q, tile_count & 1);
-        const int t = shared.tile;
-        if (t < 0) break;
+    int tile_count = 0;
+    for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
         OnlineSoftmax<kRows> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
         if (turn.is_last()) turn.pass();   // group 0 issues first
+        BarrierQ::wait(&shared.barrier_q, tile_count & 1);
 
         int n = keys.end() - 1;
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.

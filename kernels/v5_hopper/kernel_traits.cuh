@@ -3,8 +3,6 @@
 // TMA copies. One template serves both head dims and both 16-bit types.
 #pragma once
 
-#include "tile_scheduler.cuh"
-
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
 #include <cute/atom/copy_atom.hpp>
@@ -106,7 +104,6 @@ struct KernelTraits {
         typename Pipeline::SharedStorage pipeline_v;
         typename BarrierQ::ValueType barrier_q;              // Q landed (TMA bytes)
         typename BarrierQEmpty::ValueType barrier_q_empty;   // Q read by every consumer
-        int tile;   // the tile Q's barrier announces, posted by the producer (-1: no more)
     };
     static constexpr int kSmemBytes = sizeof(SharedStorage);
     static_assert(kSmemBytes <= 227 * 1024, "an H100 CTA has at most 227 KB of shared memory");
@@ -120,7 +117,6 @@ struct KernelTraits {
         int heads;
         int batch;
         float scale_log2;   // softmax scale x log2(e): the softmax runs on exp2
-        TileCounter* tile_counter;   // null: static tile order (tile_scheduler.cuh)
     };
 };
 

@@ -31,14 +31,6 @@ namespace {
 // launch failed with "invalid argument" (seen on the H100, run 2 of NOTES.md).
 template <class Traits, bool kCausal>
 std::atomic<uint64_t> configured_devices{0};
-
-// The dynamic scheduler's counters (tile_scheduler.cuh), one per launch in flight: a launch takes
-// the next slot in turn, so launches on other streams (or later nodes of one graph) do not share
-// a counter unless kCounterSlots of them are in flight at once. Zero at module load; each launch
-// leaves its slot zeroed. One array per translation unit, device and module.
-constexpr unsigned kCounterSlots = 256;
-__device__ TileCounter tile_counters[kCounterSlots];
-std::atomic<unsigned> next_counter_slot{0};
 }  // namespace
 
 namespace detail {
@@ -79,7 +71,6 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
         heads,
         batch,
         scale * float(M_LOG2E),
-        nullptr,   // static tile order unless launch_traits takes a counter
     };
 }
 
@@ -98,23 +89,8 @@ inline int sm_count() {
     return count;
 }
 
-// This device's tile counters (null if their address cannot be read).
-inline TileCounter* counters_of_device() {
-    static std::atomic<TileCounter*> cached[64] = {};
-    int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return nullptr;
-    if (device < 64) {
-        TileCounter* known = cached[device].load(std::memory_order_relaxed);
-        if (known != nullptr) return known;
-    }
-    void* address = nullptr;
-    if (cudaGetSymbolAddress(&address, tile_counters) != cudaSuccess) return nullptr;
-    if (device < 64) cached[device].store(static_cast<TileCounter*>(address), std::memory_order_relaxed);
-    return static_cast<TileCounter*>(address);
-}
-
 template <class Traits, bool kCausal>
-int launch_traits(typename Traits::Params params, cudaStream_t stream) {
+int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     const cudaError_t configured = configure_once<Traits, kCausal>();
     if (configured != cudaSuccess) return int(configured);
     const int64_t m_blocks = (params.seq_len + Traits::kBlockM - 1) / Traits::kBlockM;
@@ -128,11 +104,6 @@ int launch_traits(typename Traits::Params params, cudaStream_t stream) {
     const bool persistent = sms > 0 && (V5_HOPPER_PERSISTENT == 1 ||
                                         (V5_HOPPER_PERSISTENT == 2 && tiles >= V5_HOPPER_PERSISTENT_MIN_WAVES * sms));
     const int64_t ctas = persistent ? std::min(tiles, sms) : tiles;
-    if (V5_HOPPER_DYNAMIC_TILES && ctas < tiles) {
-        TileCounter* counters = counters_of_device();
-        if (counters == nullptr) return int(cudaGetLastError());
-        params.tile_counter = counters + next_counter_slot.fetch_add(1, std::memory_order_relaxed) % kCounterSlots;
-    }
     v5_hopper_attention_fwd<Traits, kCausal><<<unsigned(ctas), Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
     return int(cudaGetLastError());
 }

@@ -43,7 +43,3 @@
 #ifndef V5_HOPPER_PERSISTENT_MIN_WAVES
 #error "V5_HOPPER_PERSISTENT_MIN_WAVES undefined: the build passes it from variant.yaml (tunables.persistent_min_waves)"
 #endif
-// persistent grid hands out tiles from a counter (1) instead of round-robin (0)
-#ifndef V5_HOPPER_DYNAMIC_TILES
-#error "V5_HOPPER_DYNAMIC_TILES undefined: the build passes it from variant.yaml (tunables.dynamic_tiles)"
-#endif
