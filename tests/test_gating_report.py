@@ -700,6 +700,10 @@ def test_baseline_marks_loose_rows_and_lists_skipped_shapes(cpu_leaderboard, tmp
     assert rows[1]["flag"].startswith("sampling ended by time cap, spread ") and rows[1]["flag"].endswith(
         "above the bound 0.1")
     assert report.sampling_flag(steady, 0.05) == "spread 0.06 above the bound 0.05"
+    pinned = {**steady, "ended_by": "p50 pinned", "rel_spread": 0.3}
+    assert report.sampling_flag(pinned, 0.05) is None, "a wide row whose p50 is pinned is firm"
+    assert "| p50 pinned |" in report.render({**cpu_leaderboard, "baseline": report.baseline_rows(
+        {**baseline, "rows": [pinned]}), "baseline_not_measured": []})
     assert report.baseline_not_measured(baseline) == [f"B4 H16 S2048 D128 causal fp16 default: skipped, {skipped['reason']}"]
     text = report.render({**cpu_leaderboard, "baseline": rows, "baseline_not_measured": report.baseline_not_measured(baseline)})
     assert "| ⚠ sampling ended by time cap, spread " in text and "| converged |" in text

@@ -7,8 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from evo_sdpa.stats import (REPEAT_TOLERANCE, StopRule, gbps, percentile, rel_spread,
-                             speedup_interval, summarize, tflops)
+from evo_sdpa.stats import (PINNED, REPEAT_TOLERANCE, StopRule, gbps, p50_halfwidth, percentile,
+                             rel_spread, speedup_interval, summarize, tflops)
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 100, 1001])
@@ -110,6 +110,43 @@ def test_min_time_is_gpu_time_summed_over_all_series():
 def test_wall_time_does_not_count_as_gpu_time():
     rule = StopRule(min_samples=5, min_time_ms=100.0, max_time_ms=1e9, rel_spread=0.5)
     assert rule.check([steady(20, 10.0)], wall_ms=500.0) is None  # 0.2 ms GPU, 500 ms wall
+
+
+def test_a_graph_sample_counts_its_whole_replay_as_gpu_time():
+    """A graph sample is one call of a 32-call replay: 300 samples of 10 us are 96 ms of GPU time,
+    not 3 ms (counted as 3 ms, every small graph shape sampled to the time cap)."""
+    rule = StopRule(min_samples=25, min_time_ms=150.0, max_time_ms=2500.0, rel_spread=0.05)
+    series = [steady(300, 10.0), steady(300, 10.0)]
+    assert rule.check(series, wall_ms=100.0) is None
+    assert rule.check(series, wall_ms=100.0, gpu_ms=2 * 300 * 10.0 * 32 / 1000) == "converged"
+
+
+def wide(n: int, seed: int, value_us: float = 10.0) -> list[float]:
+    """Launch-jittered samples: IQR about 20% of the median, whatever n is."""
+    rng = random.Random(seed)
+    return [value_us * (1 + 0.3 * rng.random()) for _ in range(n)]
+
+
+def test_p50_halfwidth_shrinks_with_samples_while_the_spread_does_not():
+    few, many = wide(50, 1), wide(20000, 1)
+    assert rel_spread(few) > 0.1 and rel_spread(many) > 0.1
+    assert p50_halfwidth(few) > 0.02
+    assert p50_halfwidth(many) < 0.003
+
+
+def test_a_wide_series_stops_once_its_p50_is_pinned():
+    rule = StopRule(min_samples=25, min_time_ms=1.0, max_time_ms=1e9, rel_spread=0.05, p50_precision=0.005)
+    assert rule.check([wide(100, 2), steady(100, 10.0)], wall_ms=10.0) is None, "100 samples pin it to ~2%"
+    assert rule.check([wide(20000, 3), steady(20000, 10.0)], wall_ms=10.0) == PINNED
+    assert rule.check([steady(100, 10.0), steady(100, 12.0)], wall_ms=10.0) == "converged"
+    without = StopRule(min_samples=25, min_time_ms=1.0, max_time_ms=1e9, rel_spread=0.05)
+    assert without.check([wide(20000, 3), steady(20000, 10.0)], wall_ms=10.0) is None
+
+
+def test_from_config_reads_the_precision_when_given():
+    timing = {"min_samples": 25, "min_time_ms": 150, "max_time_ms": 2500, "rel_spread": 0.05}
+    assert StopRule.from_config(timing).p50_precision is None
+    assert StopRule.from_config({**timing, "p50_precision": 0.005}).p50_precision == 0.005
 
 
 # ---------------------------------------------------------------- speedup firmness

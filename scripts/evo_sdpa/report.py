@@ -10,6 +10,7 @@ from pathlib import Path
 from .device import CPU_DEVICE_ID
 from .io import read_json, read_record
 from .provenance import KEY as MEASURED_AT
+from .stats import CONVERGED, FIRM_ENDINGS, PINNED
 
 STAGES = ("build", "sanitizer", "parity", "bench", "ncu", "analysis")
 PASSING = {"pass", "measured", "analysed"}
@@ -71,6 +72,7 @@ def speedup_rows(bench: dict) -> list[dict]:
             "variant_p99_us": mode["variant"].get("p99_us"), "sdpa_p99_us": mode["sdpa"].get("p99_us"),
             "variant_tflops": mode["variant_tflops"], "recheck": case["recheck"]["status"],
             "sanity_flag": mode["sanity_flag"], "ended_by": mode["ended_by"],
+            "firm": mode["ended_by"] in FIRM_ENDINGS,
             "speedup_p50_ci95": mode.get("speedup_p50_ci95"), "repeat_flag": mode.get("repeat_flag"),
         })
     return rows
@@ -233,13 +235,14 @@ def not_run_here(env: dict, entries: list[dict], baseline: dict) -> list[str]:
 
 def sampling_flag(row: dict, bound: float | None) -> str | None:
     """Why a baseline number is less firm than the rest: sampling hit the time cap, or ended with
-    a spread above the bound. None for a row that converged."""
+    a spread above the bound without its p50 pinned. None for a firm row."""
     spread = row.get("rel_spread")
     spread = spread if isinstance(spread, (int, float)) else None
     over = bound is not None and spread is not None and spread > bound
-    if row.get("ended_by") == "converged" and not over:
+    ended = row.get("ended_by")
+    if ended == PINNED or (ended == CONVERGED and not over):
         return None
-    parts = [] if row.get("ended_by") == "converged" else [f"sampling ended by {row.get('ended_by')}"]
+    parts = [] if ended in FIRM_ENDINGS else [f"sampling ended by {ended}"]
     if spread is not None:
         parts.append(f"spread {spread:.2f}" + ("" if bound is None else
                                                f" above the bound {bound:g}" if over else f" (bound {bound:g})"))

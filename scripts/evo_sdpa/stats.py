@@ -40,31 +40,59 @@ def rel_spread(samples: list[float]) -> float:
     return (p75 - p25) / p50 if p50 > 0 else math.inf
 
 
+def p50_halfwidth(samples: list[float]) -> float:
+    """Half the width of a distribution-free 95% interval of the median (the order statistics
+    n/2 -+ 0.98 sqrt(n)), relative to the median: how firmly n samples pin the p50, however wide
+    the distribution itself is."""
+    ordered = sorted(samples)
+    n = len(ordered)
+    reach = math.ceil(0.98 * math.sqrt(n))
+    lo, hi = max(0, (n - 1) // 2 - reach), min(n - 1, n // 2 + reach)
+    p50 = _sorted_percentile(ordered, 50)
+    return (ordered[hi] - ordered[lo]) / (2 * p50) if p50 > 0 else math.inf
+
+
+# How sampling may end. The first two are firm numbers; a time cap is marked wherever it is shown.
+CONVERGED, PINNED, TIME_CAP = "converged", "p50 pinned", "time cap"
+FIRM_ENDINGS = (CONVERGED, PINNED)
+
+
 @dataclass(frozen=True)
 class StopRule:
-    """Stop when enough samples and GPU time are in and the spread is under a bound, or at a cap."""
+    """Stop when enough samples and GPU time are in and every series is either narrow (spread
+    under a bound) or pinned (its p50's 95% interval within +-p50_precision), or at a cap. A
+    launch-jittered small kernel has a wide distribution however long it is sampled; what the
+    ratio needs is its p50 pinned, which more samples do give."""
     min_samples: int
     min_time_ms: float
     max_time_ms: float
     rel_spread: float
+    p50_precision: float | None = None
 
     @classmethod
     def from_config(cls, timing: dict) -> "StopRule":
         return cls(timing["min_samples"], timing["min_time_ms"], timing["max_time_ms"],
-                   timing["rel_spread"])
+                   timing["rel_spread"], timing.get("p50_precision"))
 
-    def check(self, series: list[list[float]], wall_ms: float) -> str | None:
-        """None to keep sampling, else why sampling ended ("converged" or "time cap").
+    def check(self, series: list[list[float]], wall_ms: float, gpu_ms: float | None = None) -> str | None:
+        """None to keep sampling, else why sampling ended (CONVERGED, PINNED or TIME_CAP).
 
-        `series` holds each timed callable's samples in microseconds; their sum is the GPU time
-        measured so far, which must reach min_time_ms. The cap is on wall-clock time."""
+        `series` holds each timed callable's samples in microseconds. `gpu_ms` is the GPU time
+        measured so far (default: the samples' sum; a graph sample is one call of a replay of
+        many, so its caller passes the replays' time), which must reach min_time_ms. The cap is
+        on wall-clock time."""
         if wall_ms >= self.max_time_ms:
-            return "time cap"
-        gpu_ms = sum(sum(s) for s in series) / 1000.0
+            return TIME_CAP
+        if gpu_ms is None:
+            gpu_ms = sum(sum(s) for s in series) / 1000.0
         if min(len(s) for s in series) < self.min_samples or gpu_ms < self.min_time_ms:
             return None
-        if all(rel_spread(s) <= self.rel_spread for s in series):
-            return "converged"
+        narrow = [rel_spread(s) <= self.rel_spread for s in series]
+        if all(narrow):
+            return CONVERGED
+        if self.p50_precision is not None and all(
+                ok or p50_halfwidth(s) <= self.p50_precision for ok, s in zip(narrow, series)):
+            return PINNED
         return None
 
 

@@ -116,7 +116,9 @@ def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
         # small kernels hit the time cap long before min_time_ms of GPU time. Checked once the
         # rounds grow by a 32nd, the stop lands at most 3% of rounds late; the cap every round.
         if round_index >= next_check or wall_ms >= rule.max_time_ms:
-            ended_by = rule.check(list(samples.values()), wall_ms)
+            series = list(samples.values())
+            gpu_ms = sum(sum(s) for s in series) * calls_per_sample / 1000.0
+            ended_by = rule.check(series, wall_ms, gpu_ms)
             next_check = round_index + max(1, round_index // 32)
     return samples, ended_by
 
