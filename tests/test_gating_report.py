@@ -371,6 +371,7 @@ def gpu_tree(tmp_path, monkeypatch) -> Path:
     monkeypatch.setattr(bench, "recheck", lambda *a: {"status": "pass", "max_abs": 1e-4,
                                                       "sdpa_max_abs": 1e-4, "bound": 1.4e-3})
     monkeypatch.setattr(bench, "sm_clock_mhz", lambda: 1980)
+    monkeypatch.setattr(bench, "spin_up_clock", lambda: {"status": "at clock"})
     good = Variant("good", tmp_path / "kernels" / "good",
                    {"name": "good", "kind": "cuda", "support": SUPPORT, "sources": ["kernel.cu"]})
     timing = {"warmup_ms": 5, "min_samples": 5, "min_time_ms": 5, "max_time_ms": 200, "rel_spread": 0.2,

@@ -33,8 +33,9 @@ def _row(shape: Shape, dtype: str, backend: str, device: str) -> dict:
 
 def gpu_cases(shapes: list[Shape], dtypes: list[str], timing: dict, log) -> list[dict]:
     from .inputs import make_qkv
-    from .timing import sm_clock_mhz, time_shape
+    from .timing import sm_clock_mhz, spin_up_clock, time_shape
 
+    log.info("clock before timing: %s", spin_up_clock())
     rows = []
     for shape in shapes:
         scale = 1.0 / math.sqrt(shape.D)

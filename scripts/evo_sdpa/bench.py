@@ -8,7 +8,7 @@ from .inputs import make_qkv, reference
 from .runners import sdpa_call
 from .shapes import Shape, torch_dtype
 from .stats import gbps, speedup_interval, tflops
-from .timing import sm_clock_mhz, time_shape
+from .timing import sm_clock_mhz, spin_up_clock, time_shape
 from .tolerance import ToleranceRule, error_stats
 from .variants import Variant
 
@@ -119,6 +119,8 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
 
 def run(variant: Variant, forward, shapes: list[Shape], dtypes: list[str], timing: dict,
         rule: ToleranceRule, ceilings: dict | None, log) -> dict:
+    spin_up = spin_up_clock()
+    log.info("clock before timing: %s", spin_up)
     cases = []
     for shape in shapes:
         for dtype in dtypes:
@@ -142,4 +144,4 @@ def run(variant: Variant, forward, shapes: list[Shape], dtypes: list[str], timin
     status = "fail" if rechecks_failed else "measured"
     reasons = [f"output wrong on fresh inputs after timing: {', '.join(rechecks_failed)}"] if rechecks_failed else []
     return {"status": status, "reasons": reasons, "sanity_flags": flags, "repeat_flags": unpinned,
-            "cases": cases}
+            "clock_spin_up": spin_up, "cases": cases}

@@ -13,17 +13,71 @@ from .stats import StopRule, summarize
 FLUSH_FACTOR = 2
 
 
-def sm_clock_mhz() -> int | None:
-    """Current SM clock from nvidia-smi (read, never set)."""
+def _this_card() -> str | None:
+    """The UUID of the card this process times on (CUDA device 0 under its visible devices):
+    nvidia-smi lists every card of the host, and on a multi-GPU host the first is another job's."""
+    from .device import torch_gpu
+
+    gpu = torch_gpu()
+    return gpu.uuid if gpu else None
+
+
+def _smi_clock(field: str) -> int | None:
     smi = shutil.which("nvidia-smi")
     if not smi:
         return None
+    card = _this_card()
     try:
-        out = subprocess.run([smi, "--query-gpu=clocks.sm", "--format=csv,noheader,nounits"],
+        out = subprocess.run([smi, *(["-i", card] if card else []), f"--query-gpu={field}",
+                              "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=10, check=True).stdout
         return int(out.split()[0])
     except (subprocess.SubprocessError, OSError, ValueError, IndexError):
         return None
+
+
+def sm_clock_mhz() -> int | None:
+    """Current SM clock of this process's card, from nvidia-smi (read, never set)."""
+    return _smi_clock("clocks.sm")
+
+
+# Measured on the H100 (issue 12): every bench process found the card idling at 345 MHz, so its
+# first timed case ran while the clock ramped (to 1980 MHz); 30 ms of warm-up calls do not lift it.
+SPIN_UP_FRACTION = 0.9
+SPIN_UP_MAX_S = 3.0
+
+
+def spin_up_clock(clock=sm_clock_mhz, max_clock=lambda: _smi_clock("clocks.max.sm"),
+                  busy=None, max_s: float = SPIN_UP_MAX_S) -> dict:
+    """Keep the card busy (matrix products, queued ahead so it never idles while nvidia-smi is
+    asked) until its SM clock is within SPIN_UP_FRACTION of its maximum, or max_s has passed.
+    Returns what it saw, for the record; changes no setting of the card."""
+    started = time.perf_counter()
+    top, now = max_clock(), clock()
+    record = {"clock_before_mhz": now, "max_clock_mhz": top}
+    if top is None or now is None:
+        return {**record, "status": "no clock reading", "seconds": 0.0}
+    if busy is None:
+        busy = _matmul_burst()
+    while now is not None and now < SPIN_UP_FRACTION * top and time.perf_counter() - started < max_s:
+        busy()
+        now = clock()
+    reached = now is not None and now >= SPIN_UP_FRACTION * top
+    return {**record, "clock_after_mhz": now, "status": "at clock" if reached else "not at clock",
+            "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _matmul_burst():
+    import torch
+
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.float16)
+
+    def burst() -> None:
+        torch.cuda.synchronize()
+        for _ in range(200):   # about 40 ms of work on an H100, queued before the clock is read
+            torch.mm(a, a)
+
+    return burst
 
 
 def l2_bytes() -> int:

@@ -1,0 +1,48 @@
+"""The card's clock around timing: read from this process's card, and spun up before the first
+timed case (every bench process on the H100 found it idling at 345 MHz)."""
+from __future__ import annotations
+
+import subprocess
+
+from evo_sdpa import timing
+
+
+def test_spin_up_keeps_the_card_busy_until_it_reaches_its_clock():
+    readings = iter([345, 900, 1500, 1900])
+    bursts = []
+    record = timing.spin_up_clock(clock=lambda: next(readings), max_clock=lambda: 1980,
+                                  busy=lambda: bursts.append(1))
+    assert len(bursts) == 3
+    assert record["status"] == "at clock" and record["clock_before_mhz"] == 345
+    assert record["clock_after_mhz"] == 1900 and record["max_clock_mhz"] == 1980
+
+
+def test_spin_up_gives_up_after_its_time_and_says_so():
+    bursts = []
+    record = timing.spin_up_clock(clock=lambda: 345, max_clock=lambda: 1980,
+                                  busy=lambda: bursts.append(1), max_s=0.05)
+    assert bursts and record["status"] == "not at clock" and record["clock_after_mhz"] == 345
+
+
+def test_spin_up_without_a_clock_reading_does_nothing():
+    bursts = []
+    record = timing.spin_up_clock(clock=lambda: None, max_clock=lambda: None, busy=lambda: bursts.append(1))
+    assert record["status"] == "no clock reading" and not bursts
+
+
+def test_the_clock_is_read_from_this_process_card(monkeypatch):
+    """nvidia-smi without -i lists every card; on a two-GPU host the first line is another job's."""
+    seen = []
+
+    def fake_run(argv, **kwargs):
+        seen.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout="1980\n", stderr="")
+
+    monkeypatch.setattr(timing.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(timing.subprocess, "run", fake_run)
+    monkeypatch.setattr(timing, "_this_card", lambda: "GPU-1111")
+    assert timing.sm_clock_mhz() == 1980
+    assert seen[0][1:3] == ["-i", "GPU-1111"] and "--query-gpu=clocks.sm" in seen[0]
+    monkeypatch.setattr(timing, "_this_card", lambda: None)
+    timing.sm_clock_mhz()
+    assert "-i" not in seen[1]
