@@ -4,15 +4,20 @@ Not a pipeline stage: the pipeline gates and measures a variant as its variant.y
 This builds (or loads) several configurations of one variant: tunable overrides (`--set`, checked
 against each knob's declared values; the rest keep their variant.yaml defaults) built by the build
 stage's own code, raw nvcc flags as an escape hatch (`--flags`; a -D of a tunable's macro becomes
-that tunable's override), or prebuilt libraries. It runs each through a parity tier of the config
-(the parity stage's own cases and tolerance rule; every failure is listed), then times every
-configuration that passed and SDPA's default backend interleaved in one process with the bench
-stage's timing code. Every ratio comes from one run on one card.
+that tunable's override), or prebuilt libraries; `--compare` adds other CUDA variants as their
+variant.yaml builds them (the rung below, say). It runs each through a parity tier of the config
+(the parity stage's own cases for the build's variant and its tolerance rule; every failure is
+listed), then times every configuration that passed and SDPA's default backend interleaved in one
+process with the bench stage's timing code. Every ratio comes from one run on one card.
 
     python3 scripts/ab_sweep.py --variant v5_hopper --out $OUT/sweep.json --suite large --tier quick \\
         --config default --config stages3 --set stages=3 --set stages_d64=3
+    python3 scripts/ab_sweep.py --variant v4_pipelined --compare v3_mma --out $OUT/sweep.json --dtypes fp16 \\
+        --only causal --config default --config stages2 --set stages=2
 
-Each --set and --flags applies to the --config named before it.
+Each --set and --flags applies to the --config named before it. Builds land in
+/tmp/evo_sdpa_ab_sweep/<variant>/<config>/ (a --compare variant's in <variant>/default/), where
+scripts/ab_profile.py --sweep-dir finds them for Nsight Compute.
 """
 from __future__ import annotations
 
@@ -31,6 +36,7 @@ import yaml  # noqa: E402
 
 from evo_sdpa.build import build_cuda  # noqa: E402
 from evo_sdpa.config import check_config  # noqa: E402
+from evo_sdpa.errors import StageError  # noqa: E402
 from evo_sdpa.parity import build_matrix, run_case  # noqa: E402
 from evo_sdpa.runners import sdpa_call  # noqa: E402
 from evo_sdpa.tolerance import ToleranceRule  # noqa: E402
@@ -102,7 +108,7 @@ def build_config(variant: Variant, name: str, overrides: dict[str, int], flags: 
     (outdir / "compiler.log").write_text(log)
     regs = sorted({r["registers"] for r in resources})
     spills = sum(r["spill_store_bytes"] + r["spill_load_bytes"] for r in resources)
-    return {"name": name, "set": changed(variant, verdict.get("tunables", {})), "flags": flags,
+    return {"name": name, "variant": variant.name, "set": changed(variant, verdict.get("tunables", {})), "flags": flags,
             "verdict": verdict, "registers": regs, "spill_bytes": spills}
 
 
@@ -123,9 +129,14 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--flags", action=ConfigAction, metavar="'NVCC FLAGS'",
                         help="escape hatch: extra nvcc flags for the last --config (space-separated)")
     parser.add_argument("--artifact", action="append", default=[], help="name=path of a prebuilt library")
+    parser.add_argument("--compare", action="append", default=[], metavar="VARIANT",
+                        help="also build another CUDA variant as its variant.yaml builds it, named by the "
+                             "variant, checked on its own parity cases and timed on the shapes it supports")
     parser.add_argument("--tier", default="quick", help="parity tier of config.yaml ('none' skips parity)")
     parser.add_argument("--suite", default="large", help="shape suite of config.yaml to time")
     parser.add_argument("--dtypes", default="fp16,bf16")
+    parser.add_argument("--only", default="", metavar="TEXT", help="time only the suite's shapes whose label "
+                        "contains TEXT (labels read B4_H16_S2048_D128_causal)")
     parser.add_argument("--allow-spills", action="store_true",
                         help="time configurations that spill (exploration only: the build gate forbids them)")
     parser.add_argument("--recheck-max-gflop", type=float, default=200.0,
@@ -135,10 +146,36 @@ def argument_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def compared_variants(variant: Variant, names: list[str]) -> list[Variant]:
+    """The --compare variants: CUDA variants other than the one swept."""
+    others = []
+    for name in names:
+        if name == variant.name:
+            raise StageError(f"--compare {name} is the swept variant: add --config default instead")
+        other = load_variant(KERNELS_DIR / name)
+        if other.kind != "cuda":
+            raise StageError(f"--compare {name}: a {other.kind} variant; only CUDA variants are built here")
+        others.append(other)
+    return others
+
+
+def check_names(names: list[str]) -> None:
+    """Each configuration, compared variant and artifact needs a name of its own (results are keyed by it)."""
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise StageError(f"two configurations named {twice[0]!r} (--config, --compare and --artifact names "
+                         f"must differ)")
+
+
 def main() -> int:
     args = argument_parser().parse_args()
     variant = load_variant(KERNELS_DIR / args.variant)
-    jobs = [(spec["name"], *overrides_of(variant, spec)) for spec in getattr(args, "configs", None) or []]
+    others = compared_variants(variant, args.compare)
+    # (variant, name, overrides, flags); a compared variant builds its defaults under <its name>/default
+    jobs = [(variant, spec["name"], *overrides_of(variant, spec)) for spec in getattr(args, "configs", None) or []]
+    check_names([job[1] for job in jobs] + [other.name for other in others]
+                + [spec.split("=", 1)[0] for spec in args.artifact])
+    jobs += [(other, "default", {}, []) for other in others]
 
     import torch
 
@@ -155,12 +192,17 @@ def main() -> int:
     major, minor = torch.cuda.get_device_capability()
     cc = f"{major}.{minor}"
     with ThreadPoolExecutor(max_workers=4) as pool:
-        builds = list(pool.map(lambda job: build_config(variant, job[0], job[1], job[2], cc, config["build"],
+        builds = list(pool.map(lambda job: build_config(job[0], job[1], job[2], job[3], cc, config["build"],
                                                          args.allow_spills), jobs))
+    for b, other in zip(builds[len(builds) - len(others):], others):
+        b["name"] = other.name
     for spec in args.artifact:
         name, path = spec.split("=", 1)
-        builds.append({"name": name, "set": {}, "flags": [], "verdict": {"status": "pass", "reasons": [], "artifact": path},
+        builds.append({"name": name, "variant": variant.name, "set": {}, "flags": [],
+                       "verdict": {"status": "pass", "reasons": [], "artifact": path},
                        "registers": [], "spill_bytes": 0})
+    by_variant = {v.name: v for v in [variant, *others]}
+    owners = {b["name"]: by_variant[b["variant"]] for b in builds}
     report = {"device": torch.cuda.get_device_name(), "variant": variant.name, "builds": builds,
               "parity": {}, "timings": []}
 
@@ -173,7 +215,7 @@ def main() -> int:
             continue
         forward = CudaVariant(verdict["artifact"])
         if args.tier != "none":
-            result = parity(forward, variant, config["parity"]["tiers"][args.tier], rule)
+            result = parity(forward, owners[b["name"]], config["parity"]["tiers"][args.tier], rule)
             report["parity"][b["name"]] = result
             print(f"{b['name']:>14}: parity {result['cases'] - len(result['failed'])}/{result['cases']} pass")
             for r in result["failed"][:12]:
@@ -189,9 +231,12 @@ def main() -> int:
                 print("budget spent: stopping")
                 break
             shape = Shape.from_dict(shape_dict)
-            if not variant.supports(dtype, shape.D, shape.causal) or not forwards:
+            if args.only and args.only not in shape.label:
                 continue
-            for mode, by_name in time_shape(timing_factories(forwards, shape), shape, dtype, timing).items():
+            timed = {n: f for n, f in forwards.items() if owners[n].supports(dtype, shape.D, shape.causal)}
+            if not variant.supports(dtype, shape.D, shape.causal) or not timed:
+                continue
+            for mode, by_name in time_shape(timing_factories(timed, shape), shape, dtype, timing).items():
                 row = {"shape": shape.label, "dtype": dtype, "mode": by_name["sdpa"]["mode"],
                        "p50_us": {n: r["stats"]["p50_us"] for n, r in by_name.items()},
                        "p90_us": {n: r["stats"]["p90_us"] for n, r in by_name.items()},
@@ -206,7 +251,7 @@ def main() -> int:
                 # recheck() refills q, k, v with fresh values and re-poisons out for each forward
                 q, k, v = make_qkv(shape.B, shape.H, shape.S, shape.D, torch_dtype(dtype), "cuda", 0)
                 buffers = (q, k, v, torch.empty_like(q))
-                for name, forward in forwards.items():
+                for name, forward in timed.items():
                     check = recheck(forward, buffers, shape, dtype, rule)
                     report["timings"][-1].setdefault("recheck", {})[name] = check
                     print(f"{'':>26} recheck {name}: {check['status']} max_abs {check['max_abs']:.3g} "

@@ -1,0 +1,171 @@
+"""The A/B tools beside the pipeline (scripts/ab_sweep.py, scripts/ab_profile.py), on the CPU:
+their command lines, the one-line failures before any GPU work, and the build folder the sweep
+leaves and the profiler reads. (The tunables side of ab_sweep's --set is in test_tunables.py.)"""
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from evo_sdpa.errors import StageError
+from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = REPO / "scripts" / "ab_profile.py"
+
+
+def load_script(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_under_test", REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def touch(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\x7fELF")
+    return path
+
+
+# ---------------------------------------------------------------- ab_profile.py
+
+
+def test_ab_profile_help_runs():
+    proc = subprocess.run([sys.executable, str(PROFILE), "--help"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "--libs" in proc.stdout and "--sweep-dir" in proc.stdout and "--shape" in proc.stdout
+
+
+def test_ab_profile_without_ncu_is_one_line(tmp_path):
+    lib = touch(tmp_path / "libv4_pipelined.so")
+    env = {"PATH": str(Path(sys.executable).parent), "CUDA_HOME": str(tmp_path / "none"), "HOME": str(tmp_path)}
+    proc = subprocess.run([sys.executable, str(PROFILE), "--libs", str(lib), "--shape", "2,8,512,64,0"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines() == [
+        "evo-sdpa: ncu not found on PATH: install Nsight Compute (it ships with the CUDA toolkit) and put ncu on PATH"]
+    assert proc.stdout == ""
+
+
+def test_ab_profile_sweep_dir_names_each_library_by_its_folder(tmp_path):
+    module = load_script("ab_profile")
+    touch(tmp_path / "v4_pipelined" / "default" / "libv4_pipelined.so")
+    touch(tmp_path / "v4_pipelined" / "s2" / "libv4_pipelined.so")
+    touch(tmp_path / "v3_mma" / "default" / "libv3_mma.so")
+    (tmp_path / "v4_pipelined" / "default" / "compiler.log").write_text("ptxas info\n")
+    parser = module.argument_parser()
+
+    args = parser.parse_args(["--sweep-dir", str(tmp_path), "--shape", "4,16,2048,128,1"])
+    assert module.resolve_libs(args) == [
+        ("v3_mma/default", str(tmp_path / "v3_mma" / "default" / "libv3_mma.so")),
+        ("v4_pipelined/default", str(tmp_path / "v4_pipelined" / "default" / "libv4_pipelined.so")),
+        ("v4_pipelined/s2", str(tmp_path / "v4_pipelined" / "s2" / "libv4_pipelined.so"))]
+
+    args = parser.parse_args(["--sweep-dir", str(tmp_path / "v4_pipelined"), "--shape", "4,16,2048,128,1"])
+    assert [name for name, _ in module.resolve_libs(args)] == ["default", "s2"]
+
+    args = parser.parse_args(["--sweep-dir", str(tmp_path / "v3_mma" / "default"), "--shape", "1,1,1,64,0"])
+    assert [name for name, _ in module.resolve_libs(args)] == ["libv3_mma"]
+
+
+def test_ab_profile_sweep_dir_alone_is_the_sweeps_build_folder():
+    module = load_script("ab_profile")
+    args = module.argument_parser().parse_args(["--sweep-dir", "--shape", "4,16,2048,128,1"])
+    assert args.sweep_dir == str(load_script("ab_sweep").BUILD_DIR)
+    assert module.WORK_DIR == Path("/tmp/evo_sdpa_ab_profile")
+
+
+def test_ab_profile_libs_take_names_or_paths(tmp_path):
+    module = load_script("ab_profile")
+    v3 = touch(tmp_path / "a" / "libv3_mma.so")
+    v4 = touch(tmp_path / "b" / "libv4_pipelined.so")
+    args = module.argument_parser().parse_args(["--libs", f"v3={v3},{v4}", "--shape", "2,8,512,64,0"])
+    assert module.resolve_libs(args) == [("v3", str(v3)), ("libv4_pipelined", str(v4))]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--libs", "{root}/missing.so"], "no such file"),
+    (["--libs", "{root}/a/libx.so,{root}/b/libx.so"], "two libraries named 'libx'"),
+    (["--sweep-dir", "{root}/nowhere"], "no such folder"),
+    (["--sweep-dir", "{root}/empty"], "no .so below it"),
+    ([], "name the libraries to profile"),
+])
+def test_ab_profile_bad_library_lists_stop_before_ncu(tmp_path, argv, message):
+    module = load_script("ab_profile")
+    touch(tmp_path / "a" / "libx.so")
+    touch(tmp_path / "b" / "libx.so")
+    (tmp_path / "empty").mkdir()
+    args = module.argument_parser().parse_args([a.format(root=tmp_path) for a in argv] + ["--shape", "1,1,1,64,0"])
+    with pytest.raises(StageError, match=message):
+        module.resolve_libs(args)
+
+
+def test_ab_profile_libs_and_sweep_dir_exclude_each_other(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        load_script("ab_profile").argument_parser().parse_args(
+            ["--libs", "x.so", "--sweep-dir", str(tmp_path), "--shape", "1,1,1,64,0"])
+    assert "not allowed with argument" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- ab_sweep.py: --compare, --only
+
+
+def test_ab_sweep_compare_and_only_parse():
+    args = load_script("ab_sweep").argument_parser().parse_args(
+        ["--variant", "v4_pipelined", "--out", "x.json", "--compare", "v3_mma", "--only", "causal",
+         "--config", "default"])
+    assert args.compare == ["v3_mma"] and args.only == "causal"
+
+
+def test_ab_sweep_compare_takes_other_cuda_variants_only():
+    module = load_script("ab_sweep")
+    v4 = load_variant(KERNELS_DIR / "v4_pipelined")
+    assert [v.name for v in module.compared_variants(v4, ["v3_mma"])] == ["v3_mma"]
+    with pytest.raises(StageError, match="is the swept variant"):
+        module.compared_variants(v4, ["v4_pipelined"])
+    with pytest.raises(StageError, match="only CUDA variants"):
+        module.compared_variants(v4, ["triton_flash"])
+
+
+def test_ab_sweep_names_must_differ():
+    module = load_script("ab_sweep")
+    module.check_names(["default", "s2", "v3_mma", "old"])
+    with pytest.raises(StageError, match="two configurations named 'v3_mma'"):
+        module.check_names(["default", "v3_mma", "v3_mma"])
+
+
+def test_ab_sweep_builds_land_where_ab_profile_looks(tmp_path, monkeypatch):
+    """build_config puts each build in BUILD_DIR/<variant>/<config>/ (a compared variant's under
+    its own name) and records the variant; the build itself is the build stage's build_cuda."""
+    module = load_script("ab_sweep")
+    calls = []
+
+    def fake_build_cuda(variant, cc, outdir, cutlass_include=None, tunable_values=None):
+        calls.append((variant.name, outdir, tunable_values))
+        return {"status": "pass", "reasons": [], "artifact": str(touch(outdir / f"lib{variant.name}.so")),
+                "tunables": {}}, [], "log\n"
+
+    monkeypatch.setattr(module, "BUILD_DIR", tmp_path)
+    monkeypatch.setattr(module, "build_cuda", fake_build_cuda)
+    v3 = load_variant(KERNELS_DIR / "v3_mma")
+    record = module.build_config(v3, "default", {}, [], "9.0", {})
+    assert calls == [("v3_mma", tmp_path / "v3_mma" / "default", {})]
+    assert record["variant"] == "v3_mma" and (tmp_path / "v3_mma" / "default" / "compiler.log").is_file()
+    profile = load_script("ab_profile")
+    args = profile.argument_parser().parse_args(["--sweep-dir", str(tmp_path), "--shape", "1,1,1,64,0"])
+    assert [name for name, _ in profile.resolve_libs(args)] == ["v3_mma/default"]
+
+
+# ---------------------------------------------------------------- tools live in scripts/
+
+
+def test_no_cuda_variant_folder_holds_a_python_tool():
+    """Tools that drive the pipeline's library live in scripts/, not beside a kernel's sources."""
+    for meta_path in sorted(KERNELS_DIR.glob("*/variant.yaml")):
+        if (yaml.safe_load(meta_path.read_text()) or {}).get("kind") == "cuda":
+            tools = sorted(p.name for p in meta_path.parent.glob("*.py"))
+            assert not tools, f"{meta_path.parent.name}: {tools}: Python tools belong in scripts/"
