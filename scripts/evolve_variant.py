@@ -66,7 +66,7 @@ def main() -> None:
         return
 
     state = search(space, settings, proposer, evaluator, store, root, log=log.info)
-    winner, checks = pick_winner(state, evaluator, store, settings.elites, log=log.info)
+    winner, checks = pick_winner(state, evaluator, store, settings.elites, log=log.info, min_gain=settings.min_gain)
     best = summary(variant.name, state, winner, checks, store.wall_seconds())
     best.update(device=args.device, settings=cfg["evolve"], analysis=root.source)
     stamp(best, variant_inputs(variant), measured_on_card=True)

@@ -361,6 +361,29 @@ def test_the_winner_passes_the_final_checks_else_the_next_best(tmp_path):
     assert none is None
 
 
+def test_a_lead_over_the_defaults_under_min_gain_does_not_win(tmp_path):
+    """Measured on the H100: v4_pipelined's best child led its defaults by 0.4%, inside the
+    run-to-run noise; it must not replace them."""
+    state, _, store = run(tmp_path)
+    base = state.outcomes[DEFAULTS_ID]["fitness"]
+    order = evolve.ranked(state.outcomes)
+    challengers = [cid for cid in order if cid != DEFAULTS_ID]
+    for cid in challengers:
+        state.outcomes[cid]["fitness"] = base * 0.9
+    state.outcomes[challengers[0]]["fitness"] = base * 1.004
+    state.outcomes[challengers[1]]["fitness"] = base * 1.05
+    ordered = evolve.winner_order(state, min_gain=0.01)
+    assert ordered[0] == challengers[1], "a 5% lead clears min_gain and wins"
+    assert ordered.index(DEFAULTS_ID) < ordered.index(challengers[0]), "a 0.4% lead ranks behind the defaults"
+    state.outcomes[challengers[1]]["fitness"] = base * 0.9
+    lines = []
+    winner, _ = pick_winner(state, FakeEvaluator(), Store(tmp_path / "w"), tries=2, log=lines.append, min_gain=0.01)
+    assert winner == DEFAULTS_ID
+    assert any("less than min_gain" in line and challengers[0] in line for line in lines)
+    assert pick_winner(state, FakeEvaluator(), Store(tmp_path / "w0"), tries=2)[0] == challengers[0], \
+        "with no min_gain the best measured wins"
+
+
 def test_best_and_curve_records(tmp_path):
     state, _, store = run(tmp_path)
     winner, checks = pick_winner(state, FakeEvaluator(), store, tries=2)

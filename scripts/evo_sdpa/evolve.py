@@ -630,12 +630,29 @@ def search(space: tuple[Knob, ...], settings: Settings, proposer: Proposer, eval
     return state
 
 
+def winner_order(state: SearchState, min_gain: float) -> list[str]:
+    """Measured candidates in the order they may win: best first, except that one beating the
+    measured defaults by less than min_gain ranks behind them. Two runs of one build differ by a
+    percent or two, so a smaller lead is noise, and promoting it would change the defaults for
+    nothing."""
+    order = ranked(state.outcomes)
+    base = state.outcomes.get(DEFAULTS_ID, {}).get("fitness")
+    if base is None or DEFAULTS_ID not in order:
+        return order
+    clear = [cid for cid in order if cid != DEFAULTS_ID and state.outcomes[cid]["fitness"] >= base * (1 + min_gain)]
+    return clear + [DEFAULTS_ID] + [cid for cid in order if cid != DEFAULTS_ID and cid not in clear]
+
+
 def pick_winner(state: SearchState, evaluator: Evaluator, store: Store, tries: int,
-                log: Callable[[str], None] = lambda line: None) -> tuple[str | None, list[dict]]:
-    """The best measured candidate that passes the final checks (the next best when it does not,
-    up to `tries`); every check is recorded, and read back on a resume."""
+                log: Callable[[str], None] = lambda line: None, min_gain: float = 0.0) -> tuple[str | None, list[dict]]:
+    """The first candidate of winner_order that passes the final checks (the next when it does
+    not, up to `tries`); every check is recorded, and read back on a resume."""
     checks = []
-    for cid in ranked(state.outcomes)[:tries]:
+    order = winner_order(state, min_gain)
+    best = ranked(state.outcomes)[:1]
+    if best and order[:1] != best:
+        log(f"{best[0]} leads the defaults by less than min_gain ({min_gain:.1%}): the defaults stand")
+    for cid in order[:tries]:
         record = store.final(cid)
         if record is None:
             candidate = state.candidates[cid]
