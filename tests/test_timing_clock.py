@@ -2,8 +2,6 @@
 timed case (every bench process on the H100 found it idling at 345 MHz)."""
 from __future__ import annotations
 
-import subprocess
-
 from evo_sdpa import timing
 
 
@@ -34,15 +32,17 @@ def test_the_clock_is_read_from_this_process_card(monkeypatch):
     """nvidia-smi without -i lists every card; on a two-GPU host the first line is another job's."""
     seen = []
 
-    def fake_run(argv, **kwargs):
+    def fake_output(argv, timeout_s):
         seen.append(argv)
-        return subprocess.CompletedProcess(argv, 0, stdout="1980\n", stderr="")
+        return "1980\n"
 
-    monkeypatch.setattr(timing.shutil, "which", lambda name: "/usr/bin/nvidia-smi")
-    monkeypatch.setattr(timing.subprocess, "run", fake_run)
+    monkeypatch.setattr(timing.device, "find_tool", lambda name: "/usr/bin/nvidia-smi")
+    monkeypatch.setattr(timing.device, "command_output", fake_output)
     monkeypatch.setattr(timing, "_this_card", lambda: "GPU-1111")
     assert timing.sm_clock_mhz() == 1980
     assert seen[0][1:3] == ["-i", "GPU-1111"] and "--query-gpu=clocks.sm" in seen[0]
     monkeypatch.setattr(timing, "_this_card", lambda: None)
     timing.sm_clock_mhz()
     assert "-i" not in seen[1]
+    monkeypatch.setattr(timing.device, "command_output", lambda argv, timeout_s: None)
+    assert timing.sm_clock_mhz() is None, "a failed nvidia-smi reads as no clock"

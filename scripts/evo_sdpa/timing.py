@@ -2,37 +2,35 @@
 optional CUDA-graph replay, and a noise-based stop. Every number says how it was taken."""
 from __future__ import annotations
 
-import shutil
-import subprocess
+import functools
 import time
 from typing import Callable
 
+from . import device
 from .stats import StopRule, summarize
 
 # Buffer written between timed eager calls: twice the L2, so no input survives in the cache.
 FLUSH_FACTOR = 2
 
 
+@functools.lru_cache(maxsize=1)
 def _this_card() -> str | None:
     """The UUID of the card this process times on (CUDA device 0 under its visible devices):
     nvidia-smi lists every card of the host, and on a multi-GPU host the first is another job's."""
-    from .device import torch_gpu
-
-    gpu = torch_gpu()
+    gpu = device.torch_gpu()
     return gpu.uuid if gpu else None
 
 
 def _smi_clock(field: str) -> int | None:
-    smi = shutil.which("nvidia-smi")
+    smi = device.find_tool("nvidia-smi")
     if not smi:
         return None
     card = _this_card()
+    out = device.command_output([smi, *(["-i", card] if card else []), f"--query-gpu={field}",
+                                 "--format=csv,noheader,nounits"], timeout_s=10)
     try:
-        out = subprocess.run([smi, *(["-i", card] if card else []), f"--query-gpu={field}",
-                              "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout
-        return int(out.split()[0])
-    except (subprocess.SubprocessError, OSError, ValueError, IndexError):
+        return int(out.split()[0]) if out else None
+    except (ValueError, IndexError):
         return None
 
 
