@@ -196,12 +196,18 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         float inv_sum[kRows];
         softmax.inverse_sums(inv_sum);
         scale_rows(o_rc, inv_sum);
-        Tensor coord_o = rowcol_view(thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{}))));
-        const int64_t head_offset =
-            (int64_t(tile.batch) * params.heads + tile.head) * params.seq_len * Traits::kHeadDim;
-        store_rows<Traits::kHeadDim>(o_rc, coord_o, params.o + head_offset, tile.m_block * Traits::kBlockM,
-                                     params.seq_len);
+        if constexpr (Traits::kTmaEpilogue) {
+            store_slab_tma<Traits>(tOrO, params, shared, tile, turn.group,
+                                   consumer_thread % cutlass::NumThreadsPerWarpGroup);
+        } else {
+            Tensor coord_o = rowcol_view(thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{}))));
+            const int64_t head_offset =
+                (int64_t(tile.batch) * params.heads + tile.head) * params.seq_len * Traits::kHeadDim;
+            store_rows<Traits::kHeadDim>(o_rc, coord_o, params.o + head_offset, tile.m_block * Traits::kBlockM,
+                                         params.seq_len);
+        }
     }
+    if constexpr (Traits::kTmaEpilogue) store_slab_drain(consumer_thread % cutlass::NumThreadsPerWarpGroup);
 }
 
 // The K or V ring's parameters for one role: the producer thread is the leader that posts each
@@ -229,6 +235,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
         prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
         prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+        if constexpr (Traits::kTmaEpilogue) prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
         Traits::BarrierQ::init(&shared.barrier_q, 1);
         Traits::BarrierQEmpty::init(&shared.barrier_q_empty, Traits::kConsumerThreads);
     }

@@ -86,6 +86,21 @@ struct KernelTraits {
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideVt{}),
         take<0, 2>(SmemLayoutVt{}), select<1, 2>(TileShapePV{}), _1{}));
 
+    // The epilogue's O: one 64-row slab per consumer warp group, each stored by its own TMA box,
+    // so a warp group never waits for another to finish its tile (the ping-pong offset stays).
+    static constexpr bool kTmaEpilogue = V5_HOPPER_TMA_EPILOGUE;
+    using SlabShapeO = Shape<_64, Int<kHeadDim>>;
+    using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                               Shape<_64, Int<kHeadDim>, Int<kConsumerWarpGroups>>{}));
+    using TmaO = decltype(make_tma_copy(
+        SM90_TMA_STORE{},
+        make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQK{}),
+        take<0, 2>(SmemLayoutO{}), SlabShapeO{}, _1{}));
+    // One warp group's share of P V: partitions its O slab for the register-to-shared copy.
+    using TiledMmaPVSlab = decltype(make_tiled_mma(
+        GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
+                             GMMA::Major::K, GMMA::Major::MN>()));
+
     static constexpr uint32_t kTmaBytesQ = sizeof(Element) * size(SmemLayoutQ{});
     static constexpr uint32_t kTmaBytesK = sizeof(Element) * size(take<0, 2>(SmemLayoutK{}));
     static constexpr uint32_t kTmaBytesV = sizeof(Element) * size(take<0, 2>(SmemLayoutVt{}));
@@ -100,18 +115,21 @@ struct KernelTraits {
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
+        cute::array_aligned<Element, kTmaEpilogue ? cute::cosize_v<SmemLayoutO> : 1, 1024> o;
         typename Pipeline::SharedStorage pipeline_k;
         typename Pipeline::SharedStorage pipeline_v;
         typename BarrierQ::ValueType barrier_q;              // Q landed (TMA bytes)
         typename BarrierQEmpty::ValueType barrier_q_empty;   // Q read by every consumer
     };
     static constexpr int kSmemBytes = sizeof(SharedStorage);
-    static_assert(kSmemBytes <= 227 * 1024, "an H100 CTA has at most 227 KB of shared memory");
+    static_assert(kSmemBytes <= 227 * 1024,
+                  "an H100 CTA has at most 227 KB of shared memory (tma_epilogue=1 and stages=3 at D=128 exceed it)");
 
     struct Params {
         TmaQ tma_q;
         TmaK tma_k;
         TmaV tma_v;
+        TmaO tma_o;
         Element* o;
         int seq_len;
         int heads;

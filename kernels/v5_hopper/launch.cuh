@@ -66,6 +66,8 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
                       take<0, 2>(typename Traits::SmemLayoutK{}), select<1, 2>(typename Traits::TileShapeQK{}), _1{}),
         make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(v), shape_vt, stride_vt),
                       take<0, 2>(typename Traits::SmemLayoutVt{}), select<1, 2>(typename Traits::TileShapePV{}), _1{}),
+        make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(o)), shape_qk, stride_qk),
+                      take<0, 2>(typename Traits::SmemLayoutO{}), typename Traits::SlabShapeO{}, _1{}),
         static_cast<Element*>(o),
         seq_len,
         heads,

@@ -43,3 +43,7 @@
 #ifndef V5_HOPPER_PERSISTENT_MIN_WAVES
 #error "V5_HOPPER_PERSISTENT_MIN_WAVES undefined: the build passes it from variant.yaml (tunables.persistent_min_waves)"
 #endif
+// normalised O through shared memory and a TMA store
+#ifndef V5_HOPPER_TMA_EPILOGUE
+#error "V5_HOPPER_TMA_EPILOGUE undefined: the build passes it from variant.yaml (tunables.tma_epilogue)"
+#endif
