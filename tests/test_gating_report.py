@@ -711,9 +711,10 @@ def test_baseline_marks_loose_rows_and_lists_skipped_shapes(cpu_leaderboard, tmp
     assert "Not measured:\n\n- B4 H16 S2048 D128 causal fp16 default: skipped, 8.6 GFLOP is above" in text
 
 
-def stamped(record: dict, dirty: bool, sources: str = "1a2b3c4d5e6f7a8b", card: dict | None = None) -> dict:
+def stamped(record: dict, dirty: bool, sources: str = "1a2b3c4d5e6f7a8b", card: dict | None = None,
+            host: str = "gpu-host-a") -> dict:
     return {**record, "measured_at": {"git": {"commit": "0123456789abcdef0123", "dirty": dirty},
-                                      "sources": sources, "card": card}}
+                                      "sources": sources, "card": card, "host": host}}
 
 
 H100_CARD = {"name": H100, "uuid": "GPU-11111111-2222-3333-4444-555555555555", "compute_capability": "9.0"}
@@ -772,6 +773,38 @@ def test_another_card_of_the_same_model_is_not_a_mismatch(gpu_tree):
     leaderboard = report.build_leaderboard(gpu_tree, ["good"], CFG, [s.label for s in SUITE])
     assert leaderboard["card_mismatches"] == []
     assert by_name(leaderboard)["good"]["cards"]["bench"]["uuid"] == "GPU-other"
+
+
+def test_summary_names_the_host_and_card_of_every_result(gpu_tree):
+    """A two-GPU run: the baseline and good's bench on one card, good's ncu on another of the same
+    model. The summary numbers the cards, names each one's host and UUID, points every result at
+    its card and says several are present."""
+    other = {**H100_CARD, "uuid": "GPU-22222222-2222-3333-4444-555555555555"}
+    baseline_path = gpu_tree / "baseline" / "sdpa.json"
+    write_json(baseline_path, stamped(read_json(baseline_path), dirty=False, card=H100_CARD))
+    restamp(gpu_tree, "good", dirty=False, card=H100_CARD)
+    ncu = report.stage_paths(gpu_tree, "good")["ncu"]
+    write_json(ncu, stamped(read_json(ncu), dirty=False, card=other, host="gpu-host-b"))
+    leaderboard = report.build_leaderboard(gpu_tree, ["bad", "good"], CFG, [s.label for s in SUITE])
+    where = leaderboard["where"]
+    assert where["several"] and where["baseline"] == "card 1"
+    assert [(c["label"], c["host"], c["uuid"]) for c in where["cards"]] == [
+        ("card 1", "gpu-host-a", H100_CARD["uuid"]), ("card 2", "gpu-host-b", other["uuid"])]
+    assert {r["name"]: r["cells"] for r in where["rows"]}["good"] == {"bench": "card 1", "ncu": "card 2"}
+    text = report.render(leaderboard)
+    assert "Results from **2 cards** are present." in text
+    assert f"- **card 2**: {H100} ({other['uuid']}) on host gpu-host-b" in text
+    assert "| SDPA baseline | — | — | — | card 1 | — |" in text
+    assert "| good | — | — | — | card 1 | card 2 |" in text
+
+
+def test_summary_says_when_one_card_gave_every_result(gpu_tree):
+    restamp(gpu_tree, "good", dirty=False, card=H100_CARD)
+    leaderboard = report.build_leaderboard(gpu_tree, ["good"], CFG, [s.label for s in SUITE])
+    assert not leaderboard["where"]["several"]
+    text = report.render(leaderboard)
+    assert "Every result comes from one card." in text and "Results from **" not in text
+    assert f"- **card 1**: {H100} ({H100_CARD['uuid']}) on host gpu-host-a" in text
 
 
 def test_a_damaged_result_stops_the_summary_with_one_line_naming_it(gpu_tree):

@@ -109,9 +109,31 @@ def measured_at(records: dict) -> list[dict]:
 
 
 def stage_cards(records: dict) -> dict[str, dict]:
-    """The card each stage that ran on one recorded (name, UUID), by stage."""
-    return {stage: records[stage][MEASURED_AT]["card"] for stage in STAMPED
-            if (records[stage].get(MEASURED_AT) or {}).get("card")}
+    """The card each stage that ran on one recorded (name, UUID, and the host it sits in), by stage."""
+    return {stage: {**records[stage][MEASURED_AT]["card"], "host": records[stage][MEASURED_AT].get("host")}
+            for stage in STAMPED if (records[stage].get(MEASURED_AT) or {}).get("card")}
+
+
+def where_measured(baseline: dict, entries: list[dict]) -> dict:
+    """Per result, the host and card it came from: each distinct (host, card) numbered once
+    ("card 1", ...), the baseline and every stage of every variant pointing at its number, and
+    whether several cards are present (a multi-GPU or cluster run spreads the stages)."""
+    cards: list[dict] = []
+
+    def label(card: dict) -> str:
+        key = (card.get("host"), card.get("name"), card.get("uuid"))
+        for known in cards:
+            if (known["host"], known["name"], known["uuid"]) == key:
+                return known["label"]
+        cards.append({"label": f"card {len(cards) + 1}", "host": key[0], "name": key[1], "uuid": key[2]})
+        return cards[-1]["label"]
+
+    stamp = baseline.get(MEASURED_AT) or {}
+    baseline_card = label({**stamp["card"], "host": stamp.get("host")}) if stamp.get("card") else None
+    rows = [{"name": e["name"], "cells": {stage: label(card) for stage, card in e["cards"].items()}}
+            for e in entries]
+    return {"cards": cards, "baseline": baseline_card, "rows": [r for r in rows if r["cells"]],
+            "several": len(cards) > 1}
 
 
 def variant_entry(results: Path, name: str) -> dict:
@@ -333,6 +355,7 @@ def build_leaderboard(results: Path, variants: list[str], cfg: dict, suite_label
         "not_run": not_run_here(env, entries, baseline),
         "state_notes": state_notes(env, entries),
         "card_mismatches": card_mismatches(env, baseline, entries),
+        "where": where_measured(baseline, entries),
     }
 
 
@@ -348,7 +371,7 @@ def render(leaderboard: dict) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE.parent)),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = format_number
-    return env.get_template(TEMPLATE.name).render(lb=leaderboard, stages=STAGES)
+    return env.get_template(TEMPLATE.name).render(lb=leaderboard, stages=STAGES, stamped=STAMPED)
 
 
 def plot_speedups(leaderboard: dict, path: str) -> None:
