@@ -27,7 +27,7 @@
 #ifndef V5_HOPPER_STAGES_D64
 #error "V5_HOPPER_STAGES_D64 undefined: the build passes it from variant.yaml (tunables.stages_d64)"
 #endif
-// consumer warp groups take turns issuing their products
+// consumer warp groups take turns issuing their products (causal)
 #ifndef V5_HOPPER_PINGPONG
 #error "V5_HOPPER_PINGPONG undefined: the build passes it from variant.yaml (tunables.pingpong)"
 #endif
@@ -46,4 +46,8 @@
 // normalised O through shared memory and a TMA store
 #ifndef V5_HOPPER_TMA_EPILOGUE
 #error "V5_HOPPER_TMA_EPILOGUE undefined: the build passes it from variant.yaml (tunables.tma_epilogue)"
+#endif
+// consumer warp groups take turns issuing their products (non-causal)
+#ifndef V5_HOPPER_PINGPONG_FULL
+#error "V5_HOPPER_PINGPONG_FULL undefined: the build passes it from variant.yaml (tunables.pingpong_full)"
 #endif
