@@ -10,6 +10,10 @@ an NVTX range after warm-up calls).
     python3 scripts/ab_profile.py --sweep-dir /tmp/evo_sdpa_ab_sweep/v4_pipelined \\
         --shape 4,16,2048,128,1 --out $OUT/profile.json
     python3 scripts/ab_profile.py --libs v3=/path/libv3_mma.so,/path/libv4_pipelined.so --shape 2,8,512,64,0
+    python3 scripts/ab_profile.py --libs /path/libv5_hopper.so --shape 4,16,2048,128,1 --source
+
+--source adds, per library, the instructions and opcodes holding the most warp-stall samples
+(ncu's source page, evo_sdpa.hotspots).
 
 --libs takes NAME=PATH or PATH (named by the file's stem); --sweep-dir alone means
 scripts/ab_sweep.py's build folder, and names each library by its folder below the one given
@@ -30,6 +34,7 @@ from ab_sweep import BUILD_DIR as SWEEP_BUILD_DIR  # noqa: E402
 from evo_sdpa.bottlenecks import stall_shares  # noqa: E402
 from evo_sdpa.device import find_tool  # noqa: E402
 from evo_sdpa.errors import StageError  # noqa: E402
+from evo_sdpa.hotspots import format_hotspots, hotspots, parse_source_page, source_export_command  # noqa: E402
 from evo_sdpa.ncu import clean_csv_text, export_command, key_metrics, parse_raw_csv, profile_command  # noqa: E402
 from evo_sdpa.profiling import NCU_TIMEOUT_S  # noqa: E402
 
@@ -62,7 +67,7 @@ def target(lib: str, shape: list[int], dtype: str) -> None:
     torch.cuda.nvtx.range_pop()
 
 
-def profile(ncu: str, name: str, lib: str, shape: str, dtype: str, workdir: Path) -> dict:
+def profile(ncu: str, name: str, lib: str, shape: str, dtype: str, workdir: Path, source: bool = False) -> dict:
     base = workdir / name.replace("/", "__")
     target_argv = [sys.executable, str(Path(__file__).resolve()), "--target", lib, "--shape", shape, "--dtype", dtype]
     argv = profile_command(ncu, str(base), target_argv, NVTX_RANGE, 1, f"{base}.log")
@@ -78,9 +83,17 @@ def profile(ncu: str, name: str, lib: str, shape: str, dtype: str, workdir: Path
     if not kernels:
         return {"name": name, "lib": lib, "error": f"no kernel profiled (see {base}.log)"}
     metrics = key_metrics(kernels[0])
-    return {"name": name, "lib": lib, "kernel": kernels[0].name, "metrics": {k: metrics.get(k) for k in SHOWN},
-            "stalls_per_issue": metrics.get("warp_stalls"),
-            "stall_shares": stall_shares(metrics.get("warp_stalls") or {})}
+    result = {"name": name, "lib": lib, "kernel": kernels[0].name, "metrics": {k: metrics.get(k) for k in SHOWN},
+              "stalls_per_issue": metrics.get("warp_stalls"),
+              "stall_shares": stall_shares(metrics.get("warp_stalls") or {})}
+    if source:
+        page = subprocess.run(source_export_command(ncu, f"{base}.ncu-rep"), capture_output=True, text=True,
+                              timeout=NCU_TIMEOUT_S)
+        try:
+            result["hotspots"] = hotspots(parse_source_page(page.stdout)[0])
+        except ValueError as exc:
+            result["hotspots_error"] = f"{exc} ({base}.ncu-rep)"
+    return result
 
 
 def argument_parser() -> argparse.ArgumentParser:
@@ -93,6 +106,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--shape", required=True, help="B,H,S,D,causal")
     parser.add_argument("--dtype", default="fp16")
     parser.add_argument("--out")
+    parser.add_argument("--source", action="store_true",
+                        help="also read the source page: the instructions and opcodes holding the most "
+                             "warp-stall samples (evo_sdpa.hotspots)")
     return parser
 
 
@@ -137,7 +153,7 @@ def main() -> None:
         raise StageError("ncu not found on PATH: install Nsight Compute (it ships with the CUDA toolkit) "
                          "and put ncu on PATH")
     WORK_DIR.mkdir(parents=True, exist_ok=True)
-    results = [profile(ncu, name, lib, args.shape, args.dtype, WORK_DIR) for name, lib in libs]
+    results = [profile(ncu, name, lib, args.shape, args.dtype, WORK_DIR, args.source) for name, lib in libs]
     for r in results:
         if "error" in r:
             print(f"{r['name']}: ERROR {r['error']}")
@@ -150,6 +166,10 @@ def main() -> None:
               f"L2 hit {m['l2_hit_rate_pct']:.0f}%, mem {m['memory_throughput_pct']:.0f}%, "
               f"smem wavefronts {m['shared_wavefronts']:.3g}")
         print("    stalls: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in top))
+        if "hotspots" in r:
+            print("\n".join(format_hotspots(r["hotspots"])))
+        elif "hotspots_error" in r:
+            print(f"    source page: {r['hotspots_error']}")
     if args.out:
         Path(args.out).write_text(json.dumps(results, indent=1))
 

@@ -169,3 +169,44 @@ def test_no_cuda_variant_folder_holds_a_python_tool():
         if (yaml.safe_load(meta_path.read_text()) or {}).get("kind") == "cuda":
             tools = sorted(p.name for p in meta_path.parent.glob("*.py"))
             assert not tools, f"{meta_path.parent.name}: {tools}: Python tools belong in scripts/"
+
+
+# ---------------------------------------------------------------- source-page hotspots
+
+SOURCE_PAGE = Path(__file__).parent / "fixtures" / "h100_v5_causal_source_page.csv"
+
+
+def test_source_page_of_a_real_report_names_the_wgmma_wait_as_the_top_instruction():
+    """An excerpt of ncu's source page for v5_hopper on 4,16,2048,128 causal (H100): the top
+    instruction is the wgmma wait after the softmax, whose samples ncu files under 'barrier'."""
+    from evo_sdpa.hotspots import hotspots, parse_source_page
+
+    kernels = parse_source_page(SOURCE_PAGE.read_text())
+    assert len(kernels) == 1 and kernels[0]["name"].startswith("void v5_hopper::v5_hopper_attention_fwd")
+    assert len(kernels[0]["instructions"]) == 62
+    spots = hotspots(kernels[0], top=3)
+    first = spots["top"][0]
+    assert first["sass"] == "WARPGROUP.DEPBAR.LE gsb0, 0x0" and first["reasons"][0]["reason"] == "barrier"
+    assert first["previous"].startswith("ULDC")
+    assert sum(i["samples"] for i in kernels[0]["instructions"]) == spots["samples"]
+    assert abs(sum(o["share"] for o in spots["by_opcode"]) - 1.0) < 1e-9
+    assert spots["by_opcode"][0]["opcode"] == "WARPGROUP.DEPBAR"
+    # The guard predicate is not the opcode; the sleep of a barrier try-wait is its own opcode.
+    assert "NANOSLEEP" in [o["opcode"] for o in spots["by_opcode"]]
+
+
+def test_opcode_keeps_the_barrier_kind_and_drops_the_predicate():
+    from evo_sdpa.hotspots import opcode
+
+    assert opcode("@!P0  NANOSLEEP.SYNCS 0x989680") == "NANOSLEEP"
+    assert opcode("BAR.SYNC.DEFER_BLOCKING R0, 0x100") == "BAR.SYNC"
+    assert opcode("@!P2  BAR.ARV R11, 0x100") == "BAR.ARV"
+    assert opcode("HGMMA.64x128x16.F32 R24, R152, gdesc[UR12].tnspB, R24") == "HGMMA"
+    assert opcode("@UP1 SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R3+URZ+0x30040], R0") == "SYNCS.PHASECHK"
+
+
+def test_a_page_without_source_counters_says_so():
+    from evo_sdpa.hotspots import parse_source_page
+
+    with pytest.raises(ValueError, match="SourceCounters"):
+        parse_source_page('"Kernel Name","k"\n')
