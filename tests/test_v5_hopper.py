@@ -123,11 +123,13 @@ def persistent_build(tmp_path_factory):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("causal", [False, True])
-def test_persistent_grid_reuses_its_buffers_tile_after_tile(persistent_build, dtype, D, causal):
-    """With `persistent=1` a CTA per SM walks the query tiles, so every CTA here runs two or three
-    (B2 H16 S1100: 288 tiles of 128 rows on 132 SMs): the epilogue's O slabs, the K/V rings and
-    the barriers' phases are reused tile after tile, and the last tile of each head has rows past S
-    that the TMA store must clip. The parity tiers' shapes are too small to give a CTA a second tile."""
+@pytest.mark.parametrize("S", [1100, 4000])
+def test_persistent_grid_reuses_its_buffers_tile_after_tile(persistent_build, dtype, D, causal, S):
+    """With `persistent=1` a CTA per SM walks the query tiles: B2 H16 S1100 gives each CTA two or
+    three (288 tiles of 128 rows on 132 SMs), S4000 about eight (1024), so every barrier's phase
+    wraps more than once. The epilogue's O slabs, the K/V rings and the barriers are reused tile
+    after tile, and the last tile of each head has rows past S that the TMA store must clip. The
+    parity tiers' shapes are too small to give a CTA a second tile."""
     from evo_sdpa.parity import ParityCase, run_case
     from evo_sdpa.runners import load_forward
     from evo_sdpa.tolerance import ToleranceRule
@@ -136,5 +138,5 @@ def test_persistent_grid_reuses_its_buffers_tile_after_tile(persistent_build, dt
         pytest.skip("v5_hopper runs on compute capability 9.0 only")
     forward = load_forward(v5_variant(), persistent_build["artifact"])
     rule = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})
-    record = run_case(ParityCase(dtype, 2, 16, 1100, D, causal, "normal", 0), forward, rule, "cuda")
+    record = run_case(ParityCase(dtype, 2, 16, S, D, causal, "normal", 0), forward, rule, "cuda")
     assert record["status"] == "pass", record

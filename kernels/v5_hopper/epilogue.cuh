@@ -47,6 +47,10 @@ __device__ void store_slab_tma(Accumulator const& acc, typename Traits::Params c
                                typename Traits::SharedStorage& shared, TileCoord tile, int group, int thread) {
     using Element = typename Traits::Element;
     constexpr uint32_t kGroupThreads = cutlass::NumThreadsPerWarpGroup;
+    // NamedBarrier adds CUTLASS's reserved ids to ours; the hardware has 16.
+    static_assert(uint32_t(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) + kEpilogueBarrier +
+                      Traits::kConsumerWarpGroups <= 16,
+                  "the epilogue's named barriers run past the hardware's 16");
     Tensor sO = make_tensor(make_smem_ptr(shared.o.data()), typename Traits::SmemLayoutO{});   // (64, D, groups)
 
     typename Traits::TiledMmaPVSlab mma;
