@@ -5,7 +5,7 @@ from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
-from evo_sdpa.errors import notice, run_stage
+from evo_sdpa.errors import fail, notice, run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json, write_text
 from evo_sdpa.profiling import SDPA_ENTRY, profile
@@ -13,7 +13,7 @@ from evo_sdpa.provenance import stamp
 from evo_sdpa.variants import KERNELS_DIR, load_variant
 
 
-def reason_not_to_profile(entry: str, enabled: bool, results: Path, shape: dict, dtype: str) -> dict | None:
+def reason_not_to_profile(entry: str, enabled: bool, bench: str | None, shape: dict, dtype: str) -> dict | None:
     """A skipped record when this entry is not to be profiled here, else None."""
     if not enabled:
         return skipped("disabled in the config (stages.ncu: false)", disabled=True)
@@ -21,7 +21,7 @@ def reason_not_to_profile(entry: str, enabled: bool, results: Path, shape: dict,
         return skipped(f"not profiled: {NO_DEVICE_REASON}")
     if entry == SDPA_ENTRY:
         return None
-    cause = blocked_by(bench=str(results / "bench" / f"{entry}.json"))
+    cause = blocked_by(bench=bench)
     if cause:
         return skipped_for("not profiled", cause)
     why = load_variant(KERNELS_DIR / entry).unsupported_reason(dtype, shape["D"], shape["causal"], shape["S"])
@@ -37,14 +37,18 @@ def main() -> None:
     config_arg(p)
     p.add_argument("--csv", required=True)
     p.add_argument("--status", required=True)
+    p.add_argument("--build", help="the variant's build verdict (not for sdpa)")
+    p.add_argument("--bench", help="the variant's bench record (not for sdpa)")
     args = p.parse_args()
+    if args.entry != SDPA_ENTRY and not (args.build and args.bench):
+        fail(f"ncu {args.entry}: --build and --bench name the variant's build verdict and bench record "
+             "(the ncu rule passes them)")
     log = setup_logging()
     hold_card(f"ncu {args.entry}", log)
     cfg = args.config_json["profile"]
     shape, dtype = cfg["shape"], cfg["dtype"]
-    results = Path(args.status).parents[2]
-    build = None if args.entry == SDPA_ENTRY else str(results / "build" / args.entry / "verdict.json")
-    skip = reason_not_to_profile(args.entry, args.enabled, results, shape, dtype)
+    build = None if args.entry == SDPA_ENTRY else args.build
+    skip = reason_not_to_profile(args.entry, args.enabled, args.bench, shape, dtype)
     if skip:
         status, csv_text = skip, ""
     else:

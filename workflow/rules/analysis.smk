@@ -14,6 +14,6 @@ rule analysis:
     params:
         cfg=config_json("profile"),
     shell:
-        "python3 {input.script} --entry {wildcards.variant} --env {input.env} --csv {input.csv}"
-        " --status {input.status} --config-json {params.cfg:q} --json {output.json}"
-        " --md {output.md} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
+        logged("python3 {input.script} --entry {wildcards.variant} --env {input.env} --csv {input.csv}"
+               " --status {input.status} --config-json {params.cfg:q} --json {output.json}"
+               " --md {output.md}")

@@ -15,5 +15,5 @@ rule sdpa_baseline:
     resources:
         **gpu_request(),
     shell:
-        "python3 {input.script} --env {input.env} --config-json {params.cfg:q}"
-        " --json {output.json} --csv {output.csv} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
+        logged("python3 {input.script} --env {input.env} --config-json {params.cfg:q}"
+               " --json {output.json} --csv {output.csv}")

@@ -18,6 +18,6 @@ rule bench:
     resources:
         **gpu_request(),
     shell:
-        "python3 {input.script} --variant {wildcards.variant} --env {input.env}"
-        " --build {input.build} --sanitizer {input.sanitizer} --parity {input.parity}"
-        " --config-json {params.cfg:q} --out {output.json} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
+        logged("python3 {input.script} --variant {wildcards.variant} --env {input.env}"
+               " --build {input.build} --sanitizer {input.sanitizer} --parity {input.parity}"
+               " --config-json {params.cfg:q} --out {output.json}")

@@ -17,6 +17,6 @@ rule build_variant:
     resources:
         gpu=build_gpu_slots,
     shell:
-        "python3 {input.script} --variant {wildcards.variant} --compute-capability {params.cc}"
-        " --config-json {params.cfg:q} --verdict {output.verdict} --resources {output.resources}"
-        " --compiler-log {output.compiler_log} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
+        logged("python3 {input.script} --variant {wildcards.variant} --compute-capability {params.cc}"
+               " --config-json {params.cfg:q} --verdict {output.verdict} --resources {output.resources}"
+               " --compiler-log {output.compiler_log}")

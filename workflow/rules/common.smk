@@ -14,9 +14,20 @@ from evo_sdpa.errors import StageError
 from evo_sdpa.io import rebuild_hint
 from evo_sdpa.variants import RESERVED, discover, select
 
-# Every shell command ends in `|| (tail -n 1 {log} >&2; exit 1)`: a stage that cannot reach a
-# verdict ends its log with one line naming the problem and the fix, and that line is repeated
-# on the console so it is not buried behind Snakemake's error report.
+# Every rule's shell command goes through logged(). A stage writes everything to its log; one
+# that cannot reach a verdict ends the log with one line naming the problem and the fix
+# (FAIL_TAIL repeats it on the console, so it is not buried behind Snakemake's error report). A
+# stage that reaches a verdict with something to say (a skipped profile) also repeats its
+# `evo-sdpa:` lines.
+FAIL_TAIL = " || (tail -n 1 {log} >&2; exit 1)"
+NOTICES_TO_CONSOLE = "; grep '^evo-sdpa: ' {log} >&2 || true"
+
+
+def logged(command, notices=False, stdout=True):
+    """A rule's shell command with its output sent to {log} (stderr only with stdout=False) and
+    the failure tail; notices=True also repeats the log's `evo-sdpa:` lines after a success."""
+    redirect = " > {log} 2>&1" if stdout else " 2> {log}"
+    return "".join([command, redirect, FAIL_TAIL, NOTICES_TO_CONSOLE if notices else ""])
 HISTORY = "results/history"  # every run's leaderboard by card; written by the summary, owned by no rule
 SDPA_ENTRY = "sdpa"  # the reference entry beside the variants in the profile and analysis stages
 

@@ -12,4 +12,4 @@ rule env_capture:
     resources:
         **gpu_request(),
     shell:
-        "python3 {input.script} --out {output.json} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
+        logged("python3 {input.script} --out {output.json}")

@@ -21,7 +21,6 @@ rule evolve:
     resources:
         **gpu_request(),
     shell:
-        "python3 {input.script} --variant {wildcards.variant} --env {input.env} --analysis {input.analysis}"
-        " --compute-capability {params.cc} --device {params.device:q} --jobs {threads}"
-        " --config-json {params.cfg:q} --best {output.best} --curve {output.curve}"
-        " > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1); grep '^evo-sdpa: ' {log} >&2 || true"
+        logged("python3 {input.script} --variant {wildcards.variant} --env {input.env} --analysis {input.analysis}"
+               " --compute-capability {params.cc} --device {params.device:q} --jobs {threads}"
+               " --config-json {params.cfg:q} --best {output.best} --curve {output.curve}", notices=True)

@@ -10,6 +10,9 @@ rule ncu:
     conda:
         "../../envs/cuda.yaml"
     params:
+        # A variant's build verdict and bench record, which decide whether and what it profiles.
+        chain=lambda wildcards, input: (
+            "" if wildcards.variant == SDPA_ENTRY else f"--build {input.build} --bench {input.bench}"),
         device=DEVICE_ID,
         enabled=config["stages"]["ncu"],
         cfg=config_json("profile"),
@@ -18,6 +21,5 @@ rule ncu:
     # A profile that could not be taken here is a verdict (exit 0, an empty report.csv): its
     # one `evo-sdpa:` line is repeated on the console, not left in status.json alone.
     shell:
-        "python3 {input.script} --entry {wildcards.variant} --enabled {params.enabled}"
-        " --config-json {params.cfg:q} --csv {output.csv} --status {output.status} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1);"
-        " grep '^evo-sdpa: ' {log} >&2 || true"
+        logged("python3 {input.script} --entry {wildcards.variant} {params.chain} --enabled {params.enabled}"
+               " --config-json {params.cfg:q} --csv {output.csv} --status {output.status}", notices=True)

@@ -15,5 +15,5 @@ rule parity:
     resources:
         **gpu_request(),
     shell:
-        "python3 {input.script} --variant {wildcards.variant} --build {input.build}"
-        " --config-json {params.cfg:q} --out {output.json} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
+        logged("python3 {input.script} --variant {wildcards.variant} --build {input.build}"
+               " --config-json {params.cfg:q} --out {output.json}")

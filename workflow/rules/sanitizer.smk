@@ -16,6 +16,5 @@ rule sanitizer:
     resources:
         **gpu_request(),
     shell:
-        "python3 {input.script} --variant {wildcards.variant} --build {input.build}"
-        " --enabled {params.enabled} --config-json {params.cfg:q} --verdict {output.verdict}"
-        " > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
+        logged("python3 {input.script} --variant {wildcards.variant} --build {input.build}"
+               " --enabled {params.enabled} --config-json {params.cfg:q} --verdict {output.verdict}")

@@ -24,11 +24,10 @@ rule final_summary:
         history=HISTORY,
         cfg=config_json("gates", "bench_suite", "shape_suites", "profile"),
     shell:
-        "python3 {input.script} --results results --history {params.history} --variants {params.variants}"
-        " --config-json {params.cfg:q} --md {output.md} --leaderboard {output.leaderboard}"
-        " --plot {output.plot} --roofline {output.roofline} --latency {output.latency}"
-        " --evolution {output.evolution} --history-entry {output.history_entry}"
-        " > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
+        logged("python3 {input.script} --results results --history {params.history} --variants {params.variants}"
+               " --config-json {params.cfg:q} --md {output.md} --leaderboard {output.leaderboard}"
+               " --plot {output.plot} --roofline {output.roofline} --latency {output.latency}"
+               " --evolution {output.evolution} --history-entry {output.history_entry}")
 
 
 rule gates:
@@ -46,9 +45,8 @@ rule gates:
         history=HISTORY,
         cfg=config_json("gates"),
     shell:
-        "python3 {input.script} --leaderboard {input.leaderboard} --history-entry {input.history_entry}"
-        " --history {params.history} --config-json {params.cfg:q} --out {output} 2> {log}"
-        " || (tail -n 1 {log} >&2; exit 1)"
+        logged("python3 {input.script} --leaderboard {input.leaderboard} --history-entry {input.history_entry}"
+               " --history {params.history} --config-json {params.cfg:q} --out {output}", stdout=False)
 
 
 # The reproducibility bundle: everything the run measured and the code and config that measured
@@ -68,5 +66,5 @@ rule bundle:
         cc=BUILD_CC,
         cfg=config_json(*sorted(config)),
     shell:
-        "python3 {input.script} --results results --leaderboard {input.leaderboard} --compute-capability {params.cc}"
-        " --config-json {params.cfg:q} --out {output} > {log} 2>&1 || (tail -n 1 {log} >&2; exit 1)"
+        logged("python3 {input.script} --results results --leaderboard {input.leaderboard} --compute-capability {params.cc}"
+               " --config-json {params.cfg:q} --out {output}")
