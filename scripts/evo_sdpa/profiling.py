@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 
 from .ncu import clean_csv_text, export_command, parse_raw_csv, profile_command
+from .variants import SDPA_ENTRY
 
 NVTX_RANGE = "evo_profile"
-SDPA_ENTRY = "sdpa"
 NCU_TIMEOUT_S = 900
 TARGET = Path(__file__).resolve().parents[1] / "ncu_target.py"
 

@@ -13,7 +13,8 @@ REPO = Path(__file__).resolve().parents[2]
 KERNELS_DIR = REPO / "kernels"
 METADATA_FILE = "variant.yaml"
 SHARED_DIR = "common"           # kernels/common holds the ABI header, not a variant
-RESERVED = {"sdpa"}             # the reference entry of the profile and analysis stages
+SDPA_ENTRY = "sdpa"             # SDPA's default: the reference entry of the profile and analysis stages
+RESERVED = {SDPA_ENTRY}         # names no variant folder may take
 SCHEMA = "variant.schema.yaml"
 
 

@@ -12,7 +12,7 @@ from evo_sdpa.deps import library_inputs, variant_inputs
 from evo_sdpa.device import device_id, query_gpu_cached
 from evo_sdpa.errors import StageError
 from evo_sdpa.io import rebuild_hint
-from evo_sdpa.variants import RESERVED, discover, select
+from evo_sdpa.variants import RESERVED, SDPA_ENTRY, discover, select
 
 # Every rule's shell command goes through logged(). A stage writes everything to its log; one
 # that cannot reach a verdict ends the log with one line naming the problem and the fix
@@ -29,7 +29,6 @@ def logged(command, notices=False, stdout=True):
     redirect = " > {log} 2>&1" if stdout else " 2> {log}"
     return "".join([command, redirect, FAIL_TAIL, NOTICES_TO_CONSOLE if notices else ""])
 HISTORY = "results/history"  # every run's leaderboard by card; written by the summary, owned by no rule
-SDPA_ENTRY = "sdpa"  # the reference entry beside the variants in the profile and analysis stages
 
 
 def stop(message):
