@@ -289,3 +289,36 @@ def test_build_sass_expect_must_be_a_list(kernels):
     meta["build"] = {"sass_expect": "HGMMA"}
     assert load_error(make_variant(kernels, "alpha", meta)) == (
         "kernels/alpha/variant.yaml: key 'build.sass_expect': 'HGMMA' is not valid (expected array)")
+
+
+# ---------------------------------------------------------------- sources cover every include
+
+def _local_includes(path: Path) -> set[str]:
+    import re
+
+    return set(re.findall(r'^\s*#\s*include\s+"([^"]+)"', path.read_text(), re.M))
+
+
+@pytest.mark.parametrize("variant", [v for v in discover().values() if v.kind == "cuda"], ids=lambda v: v.name)
+def test_every_header_a_cuda_variant_includes_is_in_its_sources(variant):
+    """The rules rerun a variant's chain when one of its sources changes, so a header it includes
+    (its own, or a shared one in kernels/common) but does not list would be edited without effect.
+    The ABI header is added for every CUDA variant by evo_sdpa.deps."""
+    from evo_sdpa.deps import ABI_HEADER
+
+    listed = set(variant.sources) | {ABI_HEADER}
+    common = variants.KERNELS_DIR / variants.SHARED_DIR
+    for source in variant.sources:
+        for name in _local_includes(source):
+            found = [d / name for d in (variant.folder, common) if (d / name).is_file()]
+            if not found:
+                continue  # a library header (cute/..., cutlass/...) found on another include path
+            assert found[0] in listed, f"{variant.name}: {source.name} includes {name}, not in its sources"
+
+
+def test_a_shared_header_is_a_source_of_exactly_the_variants_that_include_it():
+    shared = variants.KERNELS_DIR / variants.SHARED_DIR / "sm80_online_softmax.cuh"
+    users = sorted(v.name for v in discover().values() if shared in v.sources)
+    assert users == ["v3_mma", "v4_pipelined"]
+    v3 = load_variant(variants.KERNELS_DIR / "v3_mma")
+    assert all(".." not in p.parts for p in v3.sources), "shared headers are listed by their real path"

@@ -18,10 +18,10 @@
 
 #include "evo_sdpa_abi.h"
 
-#include "epilogue.cuh"
-#include "main_loop.cuh"
-#include "mma_primitives.cuh"
-#include "online_softmax.cuh"
+#include "sm80_epilogue.cuh"
+#include "sm80_main_loop.cuh"
+#include "sm80_mma_primitives.cuh"
+#include "sm80_online_softmax.cuh"
 #include "tile_layout.cuh"
 #include "tile_traits.cuh"
 

@@ -20,7 +20,7 @@
 #include <cstdint>
 
 #include "key_split.cuh"
-#include "online_softmax.cuh"
+#include "sm80_online_softmax.cuh"
 #include "tile_traits.cuh"
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900

@@ -10,8 +10,8 @@
 #include <cmath>  // INFINITY
 #include <cstdint>
 
-#include "mma_primitives.cuh"
-#include "online_softmax.cuh"
+#include "sm80_mma_primitives.cuh"
+#include "sm80_online_softmax.cuh"
 #include "tile_traits.cuh"
 
 namespace v4_pipelined {

@@ -21,7 +21,7 @@
 #pragma once
 #include <cstdint>
 
-#include "mma_primitives.cuh"
+#include "sm80_mma_primitives.cuh"
 #include "tile_layout.cuh"
 #include "tile_traits.cuh"
 

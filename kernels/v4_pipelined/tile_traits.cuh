@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <cstring>  // memcpy
 
+#include "sm80_mma_primitives.cuh"
+
 #ifndef V4_PIPELINED_BLOCK_N
 #error "V4_PIPELINED_BLOCK_N undefined: the build passes it from variant.yaml (tunables.block_n)"
 #endif
@@ -64,34 +66,8 @@
 
 namespace v4_pipelined {
 
-constexpr int kWarpSize = 32;
-
-// What differs between fp16 and bf16: packing two fp32 values into the 32-bit register the mma
-// takes as a pair of 16-bit operands (round to nearest even).
-template <typename T>
-struct ElementTraits;
-
-template <>
-struct ElementTraits<__half> {
-    static constexpr bool kIsBf16 = false;
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        const __half2 pair = __floats2half2_rn(lo, hi);
-        uint32_t bits;
-        memcpy(&bits, &pair, sizeof(bits));  // bit cast; a register move
-        return bits;
-    }
-};
-
-template <>
-struct ElementTraits<__nv_bfloat16> {
-    static constexpr bool kIsBf16 = true;
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-        uint32_t bits;
-        memcpy(&bits, &pair, sizeof(bits));  // bit cast; a register move
-        return bits;
-    }
-};
+// kWarpSize, ElementTraits and the instruction wrappers: kernels/common/sm80_mma_primitives.cuh.
+using namespace evo_sm80;
 
 // An L4 (sm_89) lets one block opt in to 99 KB of shared memory; an H100/H200 to 227 KB.
 constexpr int kMaxSmemBytesPerBlock = 99 * 1024;

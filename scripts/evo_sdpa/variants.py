@@ -1,6 +1,7 @@
 """Kernel variants: one folder under kernels/ with a variant.yaml; discovery and metadata checks."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,7 +35,8 @@ class Variant:
 
     @property
     def sources(self) -> list[Path]:
-        return [self.folder / s for s in self.meta["sources"]]
+        # normpath: a header shared with other variants is listed as ../common/<file>
+        return [Path(os.path.normpath(self.folder / s)) for s in self.meta["sources"]]
 
     @property
     def kernel_regex(self) -> str:

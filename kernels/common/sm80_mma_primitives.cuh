@@ -1,12 +1,43 @@
-// v4_pipelined: the warp-level hardware instructions, one small wrapper each (sm_80+ PTX; the same
-// code assembles for sm_89 and sm_90a).
+// The mma.sync rungs (v3_mma, v4_pipelined): the warp-level hardware instructions, one small
+// wrapper each (sm_80+ PTX; the same code assembles for sm_89 and sm_90a), and what differs
+// between fp16 and bf16. Shared by both rungs, listed in each one's variant.yaml sources.
 #pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
 #include <cstdint>
+#include <cstring>  // memcpy
 
-#include "tile_traits.cuh"
+namespace evo_sm80 {
 
-namespace v4_pipelined {
+constexpr int kWarpSize = 32;
 
+// What differs between fp16 and bf16: packing two fp32 values into the 32-bit register the mma
+// takes as a pair of 16-bit operands (round to nearest even).
+template <typename T>
+struct ElementTraits;
+
+template <>
+struct ElementTraits<__half> {
+    static constexpr bool kIsBf16 = false;
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        const __half2 pair = __floats2half2_rn(lo, hi);
+        uint32_t bits;
+        memcpy(&bits, &pair, sizeof(bits));  // bit cast; a register move
+        return bits;
+    }
+};
+
+template <>
+struct ElementTraits<__nv_bfloat16> {
+    static constexpr bool kIsBf16 = true;
+    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
+        const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
+        uint32_t bits;
+        memcpy(&bits, &pair, sizeof(bits));  // bit cast; a register move
+        return bits;
+    }
+};
 // Shared-window address of a generic pointer into shared memory: what ldmatrix and cp.async take.
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
@@ -86,4 +117,4 @@ __device__ __forceinline__ float quad_allreduce_sum(float x) {
     return x;
 }
 
-}  // namespace v4_pipelined
+}  // namespace evo_sm80

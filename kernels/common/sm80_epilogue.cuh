@@ -1,13 +1,12 @@
-// v4_pipelined: the epilogue. Normalise O by the softmax sum, round to the element type, and write
+// The mma.sync rungs (v3_mma, v4_pipelined): the epilogue. Normalise O by the softmax sum, round to the element type, and write
 // the warp's rows that are inside S.
 #pragma once
 #include <cstdint>
 
-#include "online_softmax.cuh"
-#include "tile_layout.cuh"
-#include "tile_traits.cuh"
+#include "sm80_online_softmax.cuh"
+#include "sm80_tile_layout.cuh"
 
-namespace v4_pipelined {
+namespace evo_sm80 {
 
 // The warp stages its 16 rows of O in its own 16 rows of the (swizzled) Q tile, which only this
 // warp has read, then stores them as whole 16-byte chunks: a warp writes 512 contiguous bytes
@@ -48,4 +47,4 @@ __device__ __forceinline__ void write_output(const float (&o)[Tr::kOutTiles][4],
     }
 }
 
-}  // namespace v4_pipelined
+}  // namespace evo_sm80

@@ -1,14 +1,13 @@
-// v4_pipelined: the two matrix products of one key tile, per warp, on the tensor cores.
+// The mma.sync rungs (v3_mma, v4_pipelined): the two matrix products of one key tile, per warp, on the tensor cores.
 //   S = Q K^T : A = the warp's 16 query rows (registers, loaded once), B = K tile (ldmatrix)
 //   O += P V  : A = P, straight from the S accumulators (registers), B = V tile (ldmatrix.trans)
 #pragma once
 #include <cstdint>
 
-#include "mma_primitives.cuh"
-#include "tile_layout.cuh"
-#include "tile_traits.cuh"
+#include "sm80_mma_primitives.cuh"
+#include "sm80_tile_layout.cuh"
 
-namespace v4_pipelined {
+namespace evo_sm80 {
 
 // The warp's Q rows as mma A fragments for every k-step of the head dim, loaded once from the
 // swizzled Q tile: Q is reused for every key tile without touching shared memory again.
@@ -67,4 +66,4 @@ __device__ __forceinline__ void accumulate_pv(float (&o)[Tr::kOutTiles][4], cons
     }
 }
 
-}  // namespace v4_pipelined
+}  // namespace evo_sm80

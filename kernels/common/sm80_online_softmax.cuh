@@ -1,4 +1,4 @@
-// v4_pipelined: the online softmax of the two query rows a lane holds, in fp32 and log2 units.
+// The mma.sync rungs (v3_mma, v4_pipelined): the online softmax of the two query rows a lane holds, in fp32 and log2 units.
 //
 // In the mma C layout lane l holds rows l/4 and l/4 + 8 of its warp's 16 (2 columns of each
 // n8 tile); the 4 lanes of a quad share those rows. So each row's statistics are owned by one
@@ -14,11 +14,10 @@
 #include <cmath>  // INFINITY
 #include <cstdint>
 
-#include "mma_primitives.cuh"
-#include "tile_layout.cuh"
-#include "tile_traits.cuh"
+#include "sm80_mma_primitives.cuh"
+#include "sm80_tile_layout.cuh"
 
-namespace v4_pipelined {
+namespace evo_sm80 {
 
 // Masks a tile's scores: key past S, or (causal) key later than the query row -> -inf.
 template <class Tr>
@@ -101,4 +100,4 @@ struct OnlineSoftmax {
     }
 };
 
-}  // namespace v4_pipelined
+}  // namespace evo_sm80
