@@ -321,4 +321,32 @@ def test_a_shared_header_is_a_source_of_exactly_the_variants_that_include_it():
     users = sorted(v.name for v in discover().values() if shared in v.sources)
     assert users == ["v3_mma", "v4_pipelined"]
     v3 = load_variant(variants.KERNELS_DIR / "v3_mma")
-    assert all(".." not in p.parts for p in v3.sources), "shared headers are listed by their real path"
+    assert "common/sm80_online_softmax.cuh" in v3.meta["sources"]
+
+
+def test_a_copy_of_a_variant_elsewhere_still_finds_its_shared_headers(tmp_path):
+    """An evolution candidate is a copy of its parent's folder under results/evolve/: `common/`
+    entries name kernels/common wherever the folder lives, and a proposer's request names them so."""
+    import shutil
+
+    from evo_sdpa.candidates import relative
+
+    copy = tmp_path / "v4_pipelined"
+    shutil.copytree(variants.KERNELS_DIR / "v4_pipelined", copy)
+    child = load_variant(copy)
+    shared = variants.KERNELS_DIR / variants.SHARED_DIR / "sm80_epilogue.cuh"
+    assert shared in child.sources and (copy / "kernel.cu") in child.sources
+    assert relative(child, shared) == "common/sm80_epilogue.cuh"
+    assert relative(child, copy / "kernel.cu") == "kernel.cu"
+
+
+def test_a_missing_shared_header_names_kernels_common(kernels):
+    folder = kernels / "shared_user"
+    folder.mkdir()
+    (folder / "kernel.cu").write_text("// entry\n")
+    meta = {"name": "shared_user", "kind": "cuda", "description": "d",
+            "sources": ["kernel.cu", "common/no_such_header.cuh"],
+            "support": {"dtypes": ["fp16"], "head_dims": [64], "causal": [False], "layouts": ["bhsd"]}}
+    (folder / "variant.yaml").write_text(yaml.safe_dump(meta))
+    with pytest.raises(StageError, match=r"'common/no_such_header.cuh', which does not exist in kernels/common/"):
+        load_variant(folder)

@@ -23,7 +23,7 @@ from .parity import run_tier
 from .parity import verdict as parity_verdict
 from .provenance import sources_digest
 from .tunables import defaults
-from .variants import REPO, Variant, load_variant, variant_files
+from .variants import KERNELS_DIR, REPO, Variant, load_variant, variant_files
 
 SANITIZER_TARGET = Path(__file__).resolve().parents[1] / "sanitizer_target.py"
 CANDIDATE_TARGET = Path(__file__).resolve().parents[1] / "evolve_candidate.py"
@@ -234,7 +234,10 @@ def proposer_request(base: Variant, parent: Candidate, parent_variant: Variant, 
         "child_dir": str(child_dir),
         "instructions": (f"write a complete variant folder at child_dir (variant.yaml with name "
                          f"{base.name!r} and every source it lists); it is built, gated by parity and timed "
-                         "against SDPA like any variant, and must be correct to compete"),
+                         "against SDPA like any variant, and must be correct to compete. Sources named "
+                         "common/<file> are headers several variants share (kernels/common, read-only): "
+                         "list them as they are; to change one, copy it into child_dir under another "
+                         "name and include that"),
         "fitness": "geometric-mean p50 speedup against SDPA's default in the same process (higher is better)",
         "parent": {
             "id": parent.id,
@@ -297,7 +300,11 @@ def command_child_maker(command: str, timeout_s: float | None, base: Variant, st
 
 
 def relative(variant: Variant, path: Path) -> str:
-    return str(path.relative_to(variant.folder))
+    """A variant file's name as the variant lists it: relative to its folder, or `common/<file>`
+    for a shared header of kernels/common."""
+    if path.is_relative_to(variant.folder):
+        return str(path.relative_to(variant.folder))
+    return str(path.relative_to(KERNELS_DIR))
 
 
 def edited_files(parent: Variant, child: Variant) -> list[str]:

@@ -1,7 +1,6 @@
 """Kernel variants: one folder under kernels/ with a variant.yaml; discovery and metadata checks."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -13,10 +12,17 @@ from .schema import load_schema, validate, with_defaults
 REPO = Path(__file__).resolve().parents[2]
 KERNELS_DIR = REPO / "kernels"
 METADATA_FILE = "variant.yaml"
-SHARED_DIR = "common"           # kernels/common holds the ABI header, not a variant
+SHARED_DIR = "common"           # kernels/common holds the ABI header and shared headers, not a variant
+SHARED_PREFIX = SHARED_DIR + "/"  # a `sources` entry naming a file of kernels/common, wherever the variant lives
 SDPA_ENTRY = "sdpa"             # SDPA's default: the reference entry of the profile and analysis stages
 RESERVED = {SDPA_ENTRY}         # names no variant folder may take
 SCHEMA = "variant.schema.yaml"
+
+
+def source_path(folder: Path, entry: str) -> Path:
+    """Where a `sources` entry lives: `common/<file>` in kernels/common (a header several variants
+    share, found the same from an evolution candidate's folder), anything else in the folder."""
+    return KERNELS_DIR / entry if entry.startswith(SHARED_PREFIX) else folder / entry
 
 
 @dataclass(frozen=True)
@@ -35,8 +41,7 @@ class Variant:
 
     @property
     def sources(self) -> list[Path]:
-        # normpath: a header shared with other variants is listed as ../common/<file>
-        return [Path(os.path.normpath(self.folder / s)) for s in self.meta["sources"]]
+        return [source_path(self.folder, entry) for entry in self.meta["sources"]]
 
     @property
     def kernel_regex(self) -> str:
@@ -87,8 +92,9 @@ def load_variant(folder: Path) -> Variant:
     if folder.name in RESERVED:
         raise StageError(f"{rel}: the name {folder.name!r} is reserved for the SDPA reference entry")
     for source in meta["sources"]:
-        if not (folder / source).is_file():
-            raise StageError(f"{rel}: field 'sources' lists {source!r}, which does not exist in {folder.name}/")
+        if not source_path(folder, source).is_file():
+            where = f"kernels/{SHARED_DIR}/" if source.startswith(SHARED_PREFIX) else f"{folder.name}/"
+            raise StageError(f"{rel}: field 'sources' lists {source!r}, which does not exist in {where}")
     entry = meta["sources"][0]
     expected = ".cu" if meta["kind"] == "cuda" else ".py"
     if not entry.endswith(expected):
