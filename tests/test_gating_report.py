@@ -792,10 +792,18 @@ def test_summary_names_the_host_and_card_of_every_result(gpu_tree):
         ("card 1", "gpu-host-a", H100_CARD["uuid"]), ("card 2", "gpu-host-b", other["uuid"])]
     assert {r["name"]: r["cells"] for r in where["rows"]}["good"] == {"bench": "card 1", "ncu": "card 2"}
     text = report.render(leaderboard)
-    assert "Results from **2 cards** are present." in text
-    assert f"- **card 2**: {H100} ({other['uuid']}) on host gpu-host-b" in text
+    assert "Results from **2 devices** are present." in text
+    assert f"- **card 2**: {H100} ({other['uuid']}) on host gpu-host-b\n" in text  # one card per line
     assert "| SDPA baseline | — | — | — | card 1 | — |" in text
     assert "| good | — | — | — | card 1 | card 2 |" in text
+
+
+def test_a_host_without_a_gpu_is_named_as_its_cpu():
+    stamp = {"card": {"name": "cpu", "uuid": None}, "host": "laptop"}
+    where = report.where_measured({"measured_at": stamp}, [{"name": "triton_flash", "cards": {"parity": {**stamp["card"], "host": "laptop"}}}])
+    assert where["baseline"] == "CPU of laptop" and not where["several"]
+    assert where["rows"] == [{"name": "triton_flash", "cells": {"parity": "CPU of laptop"}}]
+    assert where["cards"][0]["cpu"]
 
 
 def test_summary_says_when_one_card_gave_every_result(gpu_tree):
@@ -803,7 +811,7 @@ def test_summary_says_when_one_card_gave_every_result(gpu_tree):
     leaderboard = report.build_leaderboard(gpu_tree, ["good"], CFG, [s.label for s in SUITE])
     assert not leaderboard["where"]["several"]
     text = report.render(leaderboard)
-    assert "Every result comes from one card." in text and "Results from **" not in text
+    assert "Every result comes from one device." in text and "Results from **" not in text
     assert f"- **card 1**: {H100} ({H100_CARD['uuid']}) on host gpu-host-a" in text
 
 

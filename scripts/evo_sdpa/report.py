@@ -116,7 +116,7 @@ def stage_cards(records: dict) -> dict[str, dict]:
 
 def where_measured(baseline: dict, entries: list[dict]) -> dict:
     """Per result, the host and card it came from: each distinct (host, card) numbered once
-    ("card 1", ...), the baseline and every stage of every variant pointing at its number, and
+    ("card 1", ...; a host without a CUDA device is "CPU of <host>"), the baseline and every stage of every variant pointing at its number, and
     whether several cards are present (a multi-GPU or cluster run spreads the stages)."""
     cards: list[dict] = []
 
@@ -125,8 +125,10 @@ def where_measured(baseline: dict, entries: list[dict]) -> dict:
         for known in cards:
             if (known["host"], known["name"], known["uuid"]) == key:
                 return known["label"]
-        cards.append({"label": f"card {len(cards) + 1}", "host": key[0], "name": key[1], "uuid": key[2]})
-        return cards[-1]["label"]
+        gpus = sum(1 for known in cards if known["name"] != CPU_DEVICE_ID)
+        label = f"CPU of {key[0] or 'an unknown host'}" if key[1] == CPU_DEVICE_ID else f"card {gpus + 1}"
+        cards.append({"label": label, "host": key[0], "name": key[1], "uuid": key[2], "cpu": key[1] == CPU_DEVICE_ID})
+        return label
 
     stamp = baseline.get(MEASURED_AT) or {}
     baseline_card = label({**stamp["card"], "host": stamp.get("host")}) if stamp.get("card") else None
