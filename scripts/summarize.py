@@ -1,6 +1,7 @@
 """Stage: the final summary (markdown), the leaderboard (JSON), the plots, and this run's entry
 appended to the history (results/history/<device>/, a new file per run; the declared output is a
 pointer naming it, so Snakemake never owns, nor deletes, the history)."""
+import json
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -10,13 +11,14 @@ from evo_sdpa.config import suite_shapes
 from evo_sdpa.errors import run_stage
 from evo_sdpa.io import read_json, write_json, write_text
 from evo_sdpa.plots import evolution_curves, plot_evolution, plot_latency, plot_roofline
-from evo_sdpa.report import build_leaderboard, plot_speedups, render
+from evo_sdpa.report import ResultsLayout, build_leaderboard, plot_speedups, render
 from evo_sdpa.verdict import build_verdict, device_table
 
 
 def main() -> None:
     p = parser(__doc__)
-    p.add_argument("--results", required=True)
+    p.add_argument("--layout", required=True, type=json.loads,
+                   help="where the result files live, as the rules declare them (the workflow passes it)")
     p.add_argument("--history", required=True)
     p.add_argument("--variants", nargs="*", default=[])
     config_arg(p)
@@ -25,9 +27,9 @@ def main() -> None:
     args = p.parse_args()
     log = setup_logging()
     cfg = args.config_json
-    results, history_dir = Path(args.results), Path(args.history)
+    layout, history_dir = ResultsLayout.from_json(args.layout), Path(args.history)
     labels = [s.label for s in suite_shapes(cfg, cfg["bench_suite"])]
-    leaderboard = build_leaderboard(results, args.variants, cfg, labels)
+    leaderboard = build_leaderboard(layout, args.variants, cfg, labels)
     entry = history.make_entry(leaderboard, datetime.now(timezone.utc))
     previous = history.previous(history_dir, entry["device"], None, accepted_only=False)
     leaderboard["verdict"] = build_verdict(leaderboard, labels, entry,
@@ -37,7 +39,7 @@ def main() -> None:
     plot_speedups(leaderboard, args.plot)
     plot_roofline(leaderboard, args.roofline)
     plot_latency(leaderboard, args.latency)
-    plot_evolution(evolution_curves(results, args.variants), args.evolution)
+    plot_evolution(evolution_curves(layout.patterns["evolve_curve"], args.variants), args.evolution)
     write_text(args.md, render(leaderboard))
     write_json(args.leaderboard, leaderboard)
     # Last: a run whose summary failed leaves no history entry behind.

@@ -67,3 +67,32 @@ def planned_jobs(cwd: Path, *args: str) -> set[tuple[str, str]]:
             wildcard = re.search(r"wildcards: variant=(\w+)", block)
             jobs.add((match.group(1), wildcard.group(1) if wildcard else ""))
     return jobs
+
+
+# The rules' results layout as the summarize rule passes it (tests/test_workflow.py checks the two
+# agree), rooted at a test's own results tree.
+RESULTS_LAYOUT = {
+    "env": "env/environment.json",
+    "baseline": "baseline/sdpa.json",
+    "patterns": {
+        "build": "build/{variant}/verdict.json",
+        "resources": "build/{variant}/resources.json",
+        "sanitizer": "sanitizer/{variant}/verdict.json",
+        "parity": "parity/{variant}.json",
+        "bench": "bench/{variant}.json",
+        "ncu": "nsight/{variant}/status.json",
+        "analysis": "analysis/{variant}/bottlenecks.json",
+        "evolve_curve": "evolve/{variant}/curve.json",
+    },
+}
+
+
+def layout_json(root: Path | str) -> dict:
+    return {"env": f"{root}/{RESULTS_LAYOUT['env']}", "baseline": f"{root}/{RESULTS_LAYOUT['baseline']}",
+            "patterns": {name: f"{root}/{pattern}" for name, pattern in RESULTS_LAYOUT["patterns"].items()}}
+
+
+def layout_of(root: Path):
+    from evo_sdpa.report import ResultsLayout
+
+    return ResultsLayout.from_json(layout_json(root))

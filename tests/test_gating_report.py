@@ -12,6 +12,7 @@ from evo_sdpa import bench, gates, gating, report, sanitizer
 from evo_sdpa.baseline import _row, _stats_row
 from evo_sdpa.bottlenecks import analyze
 from evo_sdpa.deps import library_inputs
+from pipeline_helpers import layout_of
 from evo_sdpa.device import NO_DEVICE_REASON
 from evo_sdpa.errors import StageError
 from evo_sdpa.io import read_json, write_json
@@ -341,12 +342,12 @@ def write_common(results: Path, cuda: bool, baseline_note: str | None) -> None:
 
 
 def write_stages(results: Path, name: str, records: dict) -> None:
-    for stage, path in report.stage_paths(results, name).items():
+    for stage, path in report.stage_paths(layout_of(results), name).items():
         if stage in records:
             write_json(path, records[stage])
     if "build" in records:  # what the build read off the compiled kernels (none when it compiled nothing)
         kernels = [] if records["build"].get("note") else [KERNEL_RESOURCES]
-        write_json(report.build_resources_path(results, name), {"variant": name, "kernels": kernels})
+        write_json(report.build_resources_path(layout_of(results), name), {"variant": name, "kernels": kernels})
 
 
 KERNEL_RESOURCES = {"kernel": "attention_fwd", "registers": 96, "spill_store_bytes": 0, "spill_load_bytes": 0}
@@ -388,7 +389,7 @@ def gpu_tree(tmp_path, monkeypatch) -> Path:
         "analysis": analysis_record("good"),
     })
 
-    paths = report.stage_paths(results, "bad")
+    paths = report.stage_paths(layout_of(results), "bad")
     write_stages(results, "bad", {"build": build_record("bad", "triton"), "sanitizer": sanitizer_record("bad"),
                                   "parity": parity_record("bad", wrong_scale_forward)})
     cause = gating.blocked_by(build=str(paths["build"]), sanitizer=str(paths["sanitizer"]),
@@ -403,7 +404,7 @@ def gpu_tree(tmp_path, monkeypatch) -> Path:
 
 @pytest.fixture
 def gpu_leaderboard(gpu_tree) -> dict:
-    return report.build_leaderboard(gpu_tree, ["bad", "good"], CFG, [s.label for s in SUITE])
+    return report.build_leaderboard(layout_of(gpu_tree), ["bad", "good"], CFG, [s.label for s in SUITE])
 
 
 def by_name(leaderboard: dict) -> dict:
@@ -563,7 +564,7 @@ def cpu_leaderboard(tmp_path) -> dict:
         "ncu": ncu_record,
         "analysis": gating.skipped_for("not analysed", gating.root_cause("ncu", ncu_record), entry="tri"),
     })
-    return report.build_leaderboard(results, ["tri"], CFG, [s.label for s in SUITE])
+    return report.build_leaderboard(layout_of(results), ["tri"], CFG, [s.label for s in SUITE])
 
 
 def test_cpu_host_says_what_did_not_run(cpu_leaderboard):
@@ -723,7 +724,7 @@ H200_CARD = {"name": "NVIDIA H200", "uuid": "GPU-99999999-2222-3333-4444-5555555
 
 def restamp(results: Path, name: str, dirty: bool, card: dict | None = None, stages=report.STAMPED) -> None:
     for stage in stages:
-        path = report.stage_paths(results, name)[stage]
+        path = report.stage_paths(layout_of(results), name)[stage]
         write_json(path, stamped(read_json(path), dirty, card=card if stage in ("bench", "ncu") else None))
 
 
@@ -733,7 +734,7 @@ def test_summary_prints_the_state_each_variant_was_measured_at(gpu_tree):
     env = read_json(gpu_tree / "env" / "environment.json")
     write_json(gpu_tree / "env" / "environment.json", {**env, "git": {"commit": "0123456789abcdef0123", "dirty": False}})
     restamp(gpu_tree, "good", dirty=True)
-    leaderboard = report.build_leaderboard(gpu_tree, ["bad", "good"], CFG, [s.label for s in SUITE])
+    leaderboard = report.build_leaderboard(layout_of(gpu_tree), ["bad", "good"], CFG, [s.label for s in SUITE])
     good = by_name(leaderboard)["good"]
     assert good["measured_at"] == [{"commit": "0123456789abcdef0123", "dirty": True, "sources": "1a2b3c4d5e6f7a8b",
                                     "stages": list(report.STAMPED)}]
@@ -749,7 +750,7 @@ def test_summary_flags_stages_on_different_sources(gpu_tree):
     restamp(gpu_tree, "good", dirty=True)
     bench = gpu_tree / "bench" / "good.json"
     write_json(bench, stamped(read_json(bench), dirty=True, sources="ffffffffffffffff"))
-    leaderboard = report.build_leaderboard(gpu_tree, ["good"], CFG, [s.label for s in SUITE])
+    leaderboard = report.build_leaderboard(layout_of(gpu_tree), ["good"], CFG, [s.label for s in SUITE])
     assert any("ran on different sources" in note and "ffffffffffffffff" in note for note in leaderboard["state_notes"])
 
 
@@ -757,7 +758,7 @@ def test_results_from_another_card_model_are_flagged_and_fail_the_gates(gpu_tree
     env = read_json(gpu_tree / "env" / "environment.json")
     write_json(gpu_tree / "env" / "environment.json", {**env, "card": H100_CARD})
     restamp(gpu_tree, "good", dirty=True, card=H200_CARD)
-    leaderboard = report.build_leaderboard(gpu_tree, ["bad", "good"], CFG, [s.label for s in SUITE])
+    leaderboard = report.build_leaderboard(layout_of(gpu_tree), ["bad", "good"], CFG, [s.label for s in SUITE])
     assert leaderboard["card_mismatches"] == [
         f"good {stage} was measured on NVIDIA H200 ({H200_CARD['uuid']}), the environment record on "
         f"{H100} ({H100_CARD['uuid']})" for stage in ("bench", "ncu")]
@@ -770,7 +771,7 @@ def test_another_card_of_the_same_model_is_not_a_mismatch(gpu_tree):
     env = read_json(gpu_tree / "env" / "environment.json")
     write_json(gpu_tree / "env" / "environment.json", {**env, "card": H100_CARD})
     restamp(gpu_tree, "good", dirty=True, card={**H100_CARD, "uuid": "GPU-other"})
-    leaderboard = report.build_leaderboard(gpu_tree, ["good"], CFG, [s.label for s in SUITE])
+    leaderboard = report.build_leaderboard(layout_of(gpu_tree), ["good"], CFG, [s.label for s in SUITE])
     assert leaderboard["card_mismatches"] == []
     assert by_name(leaderboard)["good"]["cards"]["bench"]["uuid"] == "GPU-other"
 
@@ -783,9 +784,9 @@ def test_summary_names_the_host_and_card_of_every_result(gpu_tree):
     baseline_path = gpu_tree / "baseline" / "sdpa.json"
     write_json(baseline_path, stamped(read_json(baseline_path), dirty=False, card=H100_CARD))
     restamp(gpu_tree, "good", dirty=False, card=H100_CARD)
-    ncu = report.stage_paths(gpu_tree, "good")["ncu"]
+    ncu = report.stage_paths(layout_of(gpu_tree), "good")["ncu"]
     write_json(ncu, stamped(read_json(ncu), dirty=False, card=other, host="gpu-host-b"))
-    leaderboard = report.build_leaderboard(gpu_tree, ["bad", "good"], CFG, [s.label for s in SUITE])
+    leaderboard = report.build_leaderboard(layout_of(gpu_tree), ["bad", "good"], CFG, [s.label for s in SUITE])
     where = leaderboard["where"]
     assert where["several"] and where["baseline"] == "card 1"
     assert [(c["label"], c["host"], c["uuid"]) for c in where["cards"]] == [
@@ -808,7 +809,7 @@ def test_a_host_without_a_gpu_is_named_as_its_cpu():
 
 def test_summary_says_when_one_card_gave_every_result(gpu_tree):
     restamp(gpu_tree, "good", dirty=False, card=H100_CARD)
-    leaderboard = report.build_leaderboard(gpu_tree, ["good"], CFG, [s.label for s in SUITE])
+    leaderboard = report.build_leaderboard(layout_of(gpu_tree), ["good"], CFG, [s.label for s in SUITE])
     assert not leaderboard["where"]["several"]
     text = report.render(leaderboard)
     assert "Every result comes from one device." in text and "Results from **" not in text
@@ -819,7 +820,7 @@ def test_a_damaged_result_stops_the_summary_with_one_line_naming_it(gpu_tree):
     parity = gpu_tree / "parity" / "good.json"
     parity.write_text(parity.read_text()[:200])
     with pytest.raises(StageError) as excinfo:
-        report.build_leaderboard(gpu_tree, ["good"], CFG, [s.label for s in SUITE])
+        report.build_leaderboard(layout_of(gpu_tree), ["good"], CFG, [s.label for s in SUITE])
     message = str(excinfo.value)
     assert "\n" not in message
     assert message.startswith(f"{parity}: not valid JSON (")

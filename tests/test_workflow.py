@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,7 @@ import pytest
 
 from evo_sdpa.runners import interpreter_blocker
 from evo_sdpa.variants import discover
-from pipeline_helpers import CPU_ENV, REPO, SNAKEMAKE, copy_tree, planned_jobs, snakemake
+from pipeline_helpers import CPU_ENV, REPO, SNAKEMAKE, copy_tree, layout_json, planned_jobs, snakemake
 
 KINDS = {name: v.kind for name, v in discover().items()}
 VARIANTS = tuple(sorted(KINDS))
@@ -51,6 +52,16 @@ def test_dry_run_plans_every_stage_for_every_variant(tmp_path):
     assert ("ncu", "sdpa") in jobs and ("analysis", "sdpa") in jobs
     assert {("env_capture", ""), ("sdpa_baseline", ""), ("final_summary", "")} <= jobs
     assert ("build_variant", "sdpa") not in jobs
+
+
+def test_the_summary_reads_the_layout_the_rules_declare(tmp_path):
+    """The summarize script takes where each result lives from the rule (patterns of the rules'
+    own outputs), never from a second copy of the layout; the tests' copy is checked against it."""
+    out = snakemake(copy_tree(tmp_path), "-n", "-p", "results/final/final_summary.md", "--configfile",
+                    "config/test.yaml").stdout
+    match = re.search(r"summarize\.py --layout '([^']+)'", out)
+    assert match, out[-2000:]
+    assert json.loads(match.group(1)) == layout_json("results")
 
 
 def test_one_variant_chain_to_its_profile(tmp_path):

@@ -121,10 +121,11 @@ def plot_latency(leaderboard: dict, path: str) -> None:
     _save(plt, fig, path)
 
 
-def evolution_curves(results: Path, variants: list[str]) -> dict[str, dict]:
+def evolution_curves(curve_pattern: str, variants: list[str]) -> dict[str, dict]:
+    """Each variant's evolution curve where a search has run (`curve_pattern` holds {variant})."""
     curves = {}
     for name in variants:
-        path = results / "evolve" / name / "curve.json"
+        path = Path(curve_pattern.format(variant=name))
         if path.exists():
             curves[name] = read_json(path)
     return curves

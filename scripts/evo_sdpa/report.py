@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from .device import CPU_DEVICE_ID
 from .io import read_json, read_record
 from .provenance import KEY as MEASURED_AT
 from .stats import CONVERGED, FIRM_ENDINGS, PINNED
+from .variants import SDPA_ENTRY
 
 STAGES = ("build", "sanitizer", "parity", "bench", "ncu", "analysis")
 PASSING = {"pass", "measured", "analysed"}
@@ -22,19 +24,38 @@ TEMPLATE = Path(__file__).resolve().parent / "templates" / "final_summary.md.j2"
 TOP_FINDINGS = 3
 
 
-def stage_paths(results: Path, variant: str) -> dict[str, Path]:
-    return {
-        "build": results / "build" / variant / "verdict.json",
-        "sanitizer": results / "sanitizer" / variant / "verdict.json",
-        "parity": results / "parity" / f"{variant}.json",
-        "bench": results / "bench" / f"{variant}.json",
-        "ncu": results / "nsight" / variant / "status.json",
-        "analysis": results / "analysis" / variant / "bottlenecks.json",
-    }
+# The files a layout names per variant: each stage's record, the build's resources, the curve of
+# an evolution run (optional).
+LAYOUT_FILES = (*STAGES, "resources", "evolve_curve")
 
 
-def build_resources_path(results: Path, variant: str) -> Path:
-    return results / "build" / variant / "resources.json"
+@dataclass(frozen=True)
+class ResultsLayout:
+    """Where the files the summary reads live, as the rules declare them (the summarize rule passes
+    this as JSON): the environment record, the baseline, and per variant file a pattern holding
+    {variant} (SDPA's own profile and analysis are the variant `sdpa`)."""
+    env: Path
+    baseline: Path
+    patterns: dict[str, str]
+
+    @classmethod
+    def from_json(cls, data: dict) -> "ResultsLayout":
+        missing = [name for name in LAYOUT_FILES if name not in data.get("patterns", {})]
+        if missing or "env" not in data or "baseline" not in data:
+            raise ValueError(f"a results layout names env, baseline and patterns for {', '.join(LAYOUT_FILES)}; "
+                             f"missing: {', '.join(missing) or 'env or baseline'}")
+        return cls(Path(data["env"]), Path(data["baseline"]), dict(data["patterns"]))
+
+    def path(self, name: str, variant: str) -> Path:
+        return Path(self.patterns[name].format(variant=variant))
+
+
+def stage_paths(layout: ResultsLayout, variant: str) -> dict[str, Path]:
+    return {stage: layout.path(stage, variant) for stage in STAGES}
+
+
+def build_resources_path(layout: ResultsLayout, variant: str) -> Path:
+    return layout.path("resources", variant)
 
 
 def _reason(record: dict) -> str:
@@ -138,13 +159,13 @@ def where_measured(baseline: dict, entries: list[dict]) -> dict:
             "several": len(cards) > 1}
 
 
-def variant_entry(results: Path, name: str) -> dict:
-    records = {stage: read_record(path) for stage, path in stage_paths(results, name).items()}
+def variant_entry(layout: ResultsLayout, name: str) -> dict:
+    records = {stage: read_record(path) for stage, path in stage_paths(layout, name).items()}
     funnel = {stage: records[stage]["status"] for stage in STAGES}
     fell_out = next((stage for stage in STAGES if funnel[stage] == "fail"), None)
     own_skip = [stage for stage in STAGES if funnel[stage] == "skipped" and not records[stage].get("cause")]
     build = records["build"]
-    kernels = read_json(build_resources_path(results, name)).get("kernels", [])
+    kernels = read_json(build_resources_path(layout, name)).get("kernels", [])
     speedups = speedup_rows(records["bench"])
     states = measured_at(records)
     return {
@@ -333,13 +354,13 @@ def describe_state(state: dict) -> str:
     return f"git {commit}{dirty}"
 
 
-def build_leaderboard(results: Path, variants: list[str], cfg: dict, suite_labels: list[str]) -> dict:
-    env = read_json(results / "env" / "environment.json")
-    baseline = read_json(results / "baseline" / "sdpa.json")
-    entries = [variant_entry(results, name) for name in variants]
+def build_leaderboard(layout: ResultsLayout, variants: list[str], cfg: dict, suite_labels: list[str]) -> dict:
+    env = read_json(layout.env)
+    baseline = read_json(layout.baseline)
+    entries = [variant_entry(layout, name) for name in variants]
     for entry in entries:
         entry["criteria"] = criteria(entry, suite_labels)
-    sdpa_analysis = read_record(results / "analysis" / "sdpa" / "bottlenecks.json")
+    sdpa_analysis = read_record(layout.path("analysis", SDPA_ENTRY))
     ranked = sorted(entries, key=lambda e: -(e["geomean_speedup_p50"] or 0.0))
     return {
         "device": env["device"]["name"] if env.get("device") else "cpu (no CUDA device)",

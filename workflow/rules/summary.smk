@@ -22,9 +22,10 @@ rule final_summary:
     params:
         variants=SELECTED,
         history=HISTORY,
+        layout=lambda wildcards: results_layout(),
         cfg=config_json("gates", "bench_suite", "shape_suites", "profile"),
     shell:
-        logged("python3 {input.script} --results results --history {params.history} --variants {params.variants}"
+        logged("python3 {input.script} --layout {params.layout:q} --history {params.history} --variants {params.variants}"
                " --config-json {params.cfg:q} --md {output.md} --leaderboard {output.leaderboard}"
                " --plot {output.plot} --roofline {output.roofline} --latency {output.latency}"
                " --evolution {output.evolution} --history-entry {output.history_entry}")
