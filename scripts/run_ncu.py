@@ -47,13 +47,12 @@ def main() -> None:
     hold_card(f"ncu {args.entry}", log)
     cfg = args.config_json["profile"]
     shape, dtype = cfg["shape"], cfg["dtype"]
-    build = None if args.entry == SDPA_ENTRY else args.build
     skip = reason_not_to_profile(args.entry, args.enabled, args.bench, shape, dtype)
     if skip:
         status, csv_text = skip, ""
     else:
         ncu = require_tool("ncu")
-        status, csv_text = profile(ncu, args.entry, build, shape, dtype, cfg["launch_count"],
+        status, csv_text = profile(ncu, args.entry, args.build, shape, dtype, cfg["launch_count"],
                                    Path(args.csv).parent)
     status["entry"] = args.entry
     sources = None if args.entry == SDPA_ENTRY else variant_inputs(load_variant(KERNELS_DIR / args.entry))

@@ -347,7 +347,7 @@ def write_stages(results: Path, name: str, records: dict) -> None:
             write_json(path, records[stage])
     if "build" in records:  # what the build read off the compiled kernels (none when it compiled nothing)
         kernels = [] if records["build"].get("note") else [KERNEL_RESOURCES]
-        write_json(report.build_resources_path(layout_of(results), name), {"variant": name, "kernels": kernels})
+        write_json(layout_of(results).path("resources", name), {"variant": name, "kernels": kernels})
 
 
 KERNEL_RESOURCES = {"kernel": "attention_fwd", "registers": 96, "spill_store_bytes": 0, "spill_load_bytes": 0}

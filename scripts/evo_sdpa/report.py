@@ -54,9 +54,6 @@ def stage_paths(layout: ResultsLayout, variant: str) -> dict[str, Path]:
     return {stage: layout.path(stage, variant) for stage in STAGES}
 
 
-def build_resources_path(layout: ResultsLayout, variant: str) -> Path:
-    return layout.path("resources", variant)
-
 
 def _reason(record: dict) -> str:
     return "; ".join(record.get("reasons", [])) or record.get("reason", "")
@@ -136,26 +133,26 @@ def stage_cards(records: dict) -> dict[str, dict]:
 
 
 def where_measured(baseline: dict, entries: list[dict]) -> dict:
-    """Per result, the host and card it came from: each distinct (host, card) numbered once
-    ("card 1", ...; a host without a CUDA device is "CPU of <host>"), the baseline and every stage of every variant pointing at its number, and
-    whether several cards are present (a multi-GPU or cluster run spreads the stages)."""
-    cards: list[dict] = []
+    """Per result, the host and card it came from: each distinct (host, card) named once ("card 1",
+    ...; a host without a CUDA device is "CPU of <host>"), the baseline and every stage of every
+    variant pointing at that name, and whether several are present (a multi-GPU or cluster run
+    spreads the stages)."""
+    cards: dict[tuple, dict] = {}
 
     def label(card: dict) -> str:
         key = (card.get("host"), card.get("name"), card.get("uuid"))
-        for known in cards:
-            if (known["host"], known["name"], known["uuid"]) == key:
-                return known["label"]
-        gpus = sum(1 for known in cards if known["name"] != CPU_DEVICE_ID)
-        label = f"CPU of {key[0] or 'an unknown host'}" if key[1] == CPU_DEVICE_ID else f"card {gpus + 1}"
-        cards.append({"label": label, "host": key[0], "name": key[1], "uuid": key[2], "cpu": key[1] == CPU_DEVICE_ID})
-        return label
+        if key not in cards:
+            cpu = key[1] == CPU_DEVICE_ID
+            gpus = sum(1 for known in cards.values() if not known["cpu"])
+            cards[key] = {"label": f"CPU of {key[0] or 'an unknown host'}" if cpu else f"card {gpus + 1}",
+                          "host": key[0], "name": key[1], "uuid": key[2], "cpu": cpu}
+        return cards[key]["label"]
 
     stamp = baseline.get(MEASURED_AT) or {}
     baseline_card = label({**stamp["card"], "host": stamp.get("host")}) if stamp.get("card") else None
     rows = [{"name": e["name"], "cells": {stage: label(card) for stage, card in e["cards"].items()}}
             for e in entries]
-    return {"cards": cards, "baseline": baseline_card, "rows": [r for r in rows if r["cells"]],
+    return {"cards": list(cards.values()), "baseline": baseline_card, "rows": [r for r in rows if r["cells"]],
             "several": len(cards) > 1}
 
 
@@ -165,7 +162,7 @@ def variant_entry(layout: ResultsLayout, name: str) -> dict:
     fell_out = next((stage for stage in STAGES if funnel[stage] == "fail"), None)
     own_skip = [stage for stage in STAGES if funnel[stage] == "skipped" and not records[stage].get("cause")]
     build = records["build"]
-    kernels = read_json(build_resources_path(layout, name)).get("kernels", [])
+    kernels = read_json(layout.path("resources", name)).get("kernels", [])
     speedups = speedup_rows(records["bench"])
     states = measured_at(records)
     return {
