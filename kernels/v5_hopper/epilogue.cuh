@@ -11,6 +11,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "fragment_views.cuh"
 #include "tile_scheduler.cuh"
 
 namespace v5_hopper {
@@ -57,16 +58,7 @@ __device__ void store_slab_tma(Accumulator const& acc, typename Traits::Params c
     auto copy_o = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma);
     auto thr_copy = copy_o.get_thread_slice(thread);
     Tensor o16 = make_tensor_like<Element>(acc);
-    cutlass::NumericArrayConverter<Element, float, 2> convert;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc); i += 2) {
-        cutlass::Array<float, 2> pair;
-        pair[0] = acc(i);
-        pair[1] = acc(i + 1);
-        cutlass::Array<Element, 2> packed = convert(pair);
-        o16(i) = packed[0];
-        o16(i + 1) = packed[1];
-    }
+    convert_pairs(acc, o16);
     Tensor src = thr_copy.retile_S(o16);
     Tensor dst = thr_copy.partition_D(sO);   // (CPY, CPY_M, CPY_N, groups)
 

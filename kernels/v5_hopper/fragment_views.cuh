@@ -36,22 +36,29 @@ __device__ constexpr auto a_operand_layout(Layout acc) {
                        coalesce(make_layout(get<0, 1>(n8_pairs), get<2>(acc))));
 }
 
-// Converts an fp32 accumulator to the 16-bit A operand, two elements per conversion
-// (one cvt.rn.{f16x2,bf16x2}.f32 each).
+// Converts fp32 values to 16-bit ones element for element (same storage order), two per
+// conversion (one cvt.rn.{f16x2,bf16x2}.f32 each): P for the next product, O for the epilogue.
+template <class Source, class Destination>
+__device__ void convert_pairs(Source const& from, Destination& to) {
+    using Element = typename Destination::value_type;
+    static_assert(decltype(size(from))::value % 2 == 0);
+    cutlass::NumericArrayConverter<Element, float, 2> convert;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(from); i += 2) {
+        cutlass::Array<float, 2> pair;
+        pair[0] = from.data()[i];
+        pair[1] = from.data()[i + 1];
+        cutlass::Array<Element, 2> packed = convert(pair);
+        to.data()[i] = packed[0];
+        to.data()[i + 1] = packed[1];
+    }
+}
+
+// The fp32 accumulator as the 16-bit A operand of the next wgmma.
 template <class Element, class Accumulator>
 __device__ auto convert_to_a_operand(Accumulator const& acc) {
     Tensor p = make_tensor<Element>(a_operand_layout(acc.layout()));
-    static_assert(decltype(size(acc))::value % 2 == 0);
-    cutlass::NumericArrayConverter<Element, float, 2> convert;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(acc); i += 2) {
-        cutlass::Array<float, 2> pair;
-        pair[0] = acc.data()[i];
-        pair[1] = acc.data()[i + 1];
-        cutlass::Array<Element, 2> packed = convert(pair);
-        p.data()[i] = packed[0];
-        p.data()[i + 1] = packed[1];
-    }
+    convert_pairs(acc, p);
     return p;
 }
 
