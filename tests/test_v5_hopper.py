@@ -110,11 +110,11 @@ def test_two_builds_share_a_process(sm90a_build, tmp_path):
         assert (out.double() - expected).abs().max().item() < 2e-3
 
 
-@pytest.fixture(scope="module")
-def persistent_build(tmp_path_factory):
+@pytest.fixture(scope="module", params=[1, 2], ids=["q_buffers1", "q_buffers2"])
+def persistent_build(tmp_path_factory, request):
     needs_toolchain()
     verdict, _, _ = build_cuda(v5_variant(), "9.0", tmp_path_factory.mktemp("v5_persistent"),
-                               tunable_values={"persistent": 1})
+                               tunable_values={"persistent": 1, "q_buffers": request.param})
     assert verdict["status"] == "pass", verdict["reasons"]
     return verdict
 

@@ -1,8 +1,9 @@
 // The v5_hopper forward kernel: a CTA of one producer and two or three consumer warp groups
 // computes 128- (or 192-) row query tiles.
 //
-//   warp group 0 (producer, 24 registers): one thread issues TMA loads: Q once, then K and V
-//     tile by tile into two rings of kStages stages, each stage completing on an mbarrier.
+//   warp group 0 (producer, 40 registers): one thread issues the TMA loads of K and V tile by
+//     tile into two rings of kStages stages, each stage completing on an mbarrier; a thread of
+//     another warp loads each query tile's Q (into one of kQBuffers buffers).
 //   warp groups 1, 2 (consumers, 240 registers): 64 query rows each. Per key tile n:
 //     S = Q K_n^T (wgmma, both operands in shared memory), mask, online softmax,
 //     O += P V_n (wgmma, P from registers). The product of tile n is issued together with the
@@ -11,8 +12,8 @@
 //
 // Key tiles are visited from the last (the masked ones) down to the first. With a persistent
 // grid a CTA runs several query tiles: the rings' states, the barriers and the issue rotation
-// carry over, and the producer loads the next tile's first K tile (and, once the consumers have
-// released Q, its Q) while the consumers finish the current one.
+// carry over, and the producer loads the next tile's first K and V tiles (and, once the
+// consumers have released a Q buffer, its Q) while the consumers finish the current one.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -52,49 +53,57 @@ struct IssueTurn {
     __device__ bool is_last() const { return group == kGroups - 1; }
 };
 
+// The Q thread (warp 1 of the producer group): loads each query tile's Q into buffer
+// tile_count % kQBuffers once the consumers have released that buffer's previous tile. With two
+// buffers that is the tile before the current one, so the next Q lands while this tile runs.
 template <class Traits, bool kCausal>
-__device__ void produce(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                        typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v) {
+__device__ void produce_q(typename Traits::Params const& params, typename Traits::SharedStorage& shared) {
     using BarrierQ = typename Traits::BarrierQ;
     using BarrierQEmpty = typename Traits::BarrierQEmpty;
-    const int S = params.seq_len;
-    const auto shape_qk = make_shape(S, int(Traits::kHeadDim), params.heads, params.batch);
-    const auto shape_vt = make_shape(int(Traits::kHeadDim), S, params.heads, params.batch);
+    constexpr int kBuffers = Traits::kQBuffers;
+    const auto shape_qk = make_shape(params.seq_len, int(Traits::kHeadDim), params.heads, params.batch);
     Tensor mQ = params.tma_q.get_tma_tensor(shape_qk);
-    Tensor mK = params.tma_k.get_tma_tensor(shape_qk);
-    Tensor mVt = params.tma_v.get_tma_tensor(shape_vt);
-    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
-
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});   // (M, D, buffers)
     const TileScheduler<Traits::kBlockM, kCausal, typename Traits::Params> scheduler{params};
-    auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
     int tile_count = 0;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
         Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), select<0, 2>(typename Traits::TileShapeQK{}),
                                make_coord(tile.m_block, _0{}));
+        auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+        const int buffer = tile_count % kBuffers;
+        const int use = tile_count / kBuffers;
+        if (use > 0) BarrierQEmpty::wait(&shared.barrier_q_empty[buffer], (use - 1) & 1);
+        BarrierQ::arrive_and_expect_tx(&shared.barrier_q[buffer], Traits::kTmaBytesQ);
+        copy(params.tma_q.with(shared.barrier_q[buffer]), tQg, tQs(_, buffer));
+    }
+}
+
+// The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings.
+template <class Traits, bool kCausal>
+__device__ void produce_kv(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
+                           typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v) {
+    const int S = params.seq_len;
+    const auto shape_qk = make_shape(S, int(Traits::kHeadDim), params.heads, params.batch);
+    const auto shape_vt = make_shape(int(Traits::kHeadDim), S, params.heads, params.batch);
+    Tensor mK = params.tma_k.get_tma_tensor(shape_qk);
+    Tensor mVt = params.tma_v.get_tma_tensor(shape_vt);
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
+
+    const TileScheduler<Traits::kBlockM, kCausal, typename Traits::Params> scheduler{params};
+    auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+    for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t)) {
+        const TileCoord tile = scheduler.coord(t);
         Tensor gK = local_tile(mK(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapeQK{}),
                                make_coord(_, _0{}));   // (N, D, key tiles)
         Tensor gVt = local_tile(mVt(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapePV{}),
                                 make_coord(_0{}, _));  // (D, N, key tiles)
-        auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
         auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
         auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
 
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
-        int n = keys.end() - 1;
-        // The first K tile does not need Q's buffer: issue it before waiting for the consumers to
-        // release Q (they do after their last Q K^T of the previous query tile).
-        pipeline_k.producer_acquire(write);
-        copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
-        if (tile_count > 0) BarrierQEmpty::wait(&shared.barrier_q_empty, (tile_count - 1) & 1);
-        BarrierQ::arrive_and_expect_tx(&shared.barrier_q, Traits::kTmaBytesQ);
-        copy(params.tma_q.with(shared.barrier_q), tQg, tQs);
-        pipeline_v.producer_acquire(write);
-        copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
-        ++write;
-        for (--n; n >= 0; --n) {
+        for (int n = keys.end() - 1; n >= 0; --n) {
             pipeline_k.producer_acquire(write);
             copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
             pipeline_v.producer_acquire(write);
@@ -122,7 +131,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
-    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);     // wgmma descriptors
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);     // wgmma descriptors (MMA, MMA_M, MMA_K, buffers)
     Tensor tSrK = thr_qk.partition_fragment_B(sK);     // (MMA, MMA_N, MMA_K, stages)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);    // (MMA, MMA_N, MMA_K, stages)
 
@@ -147,13 +156,15 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
         if (turn.is_last()) turn.pass();   // group 0 issues first
-        BarrierQ::wait(&shared.barrier_q, tile_count & 1);
+        const int q_buffer = tile_count % Traits::kQBuffers;
+        BarrierQ::wait(&shared.barrier_q[q_buffer], (tile_count / Traits::kQBuffers) & 1);
+        Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
         int n = keys.end() - 1;
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         turn.wait();
-        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+        warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
         turn.pass();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
@@ -168,24 +179,25 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             pipeline_k.consumer_wait(read_k);
             pipeline_v.consumer_wait(read_v);
             turn.wait();
-            warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS);
+            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
             turn.pass();
             warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
             warpgroup_fence_operand(tSrS);
             pipeline_k.consumer_release(read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-            softmax.template update<false>(s_rc, o_scale);
+            const bool rescaled = softmax.template update<false>(s_rc, o_scale);
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
             pipeline_v.consumer_release(read_v);
-            scale_rows(o_rc, o_scale);
+            // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
+            if (!V5_HOPPER_LAZY_RESCALE || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
             tOrP = convert_to_a_operand<Element>(tSrS);
             read_v = read_k;
             ++read_k;
         }
         // Every Q K^T of this query tile has completed: the producer may load the next Q.
-        BarrierQEmpty::arrive(&shared.barrier_q_empty);
+        BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
 
         // Last P V.
         pipeline_v.consumer_wait(read_v);
@@ -239,8 +251,10 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
         prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
         if constexpr (Traits::kTmaEpilogue) prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
-        Traits::BarrierQ::init(&shared.barrier_q, 1);
-        Traits::BarrierQEmpty::init(&shared.barrier_q_empty, Traits::kConsumerThreads);
+        for (int b = 0; b < Traits::kQBuffers; ++b) {
+            Traits::BarrierQ::init(&shared.barrier_q[b], 1);
+            Traits::BarrierQEmpty::init(&shared.barrier_q_empty[b], Traits::kConsumerThreads);
+        }
     }
     // Barriers first, pipeline objects later: built after setmaxnreg, inside each role's branch,
     // nothing but the kernel parameters stays live across the register reallocation (values that
@@ -259,7 +273,9 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                 Shape<_1, _1, _1>{}, cute::false_type{});
             Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(true, true, Traits::kTmaBytesV),
                                 Shape<_1, _1, _1>{}, cute::false_type{});
-            produce<Traits, kCausal>(params, shared, pipeline_k, pipeline_v);
+            produce_kv<Traits, kCausal>(params, shared, pipeline_k, pipeline_v);
+        } else if (warp_in_group == 1 && cute::elect_one_sync()) {
+            produce_q<Traits, kCausal>(params, shared);
         }
     } else {
         cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();

@@ -57,10 +57,13 @@ struct KernelTraits {
         GMMA::rs_op_selector<Element, Element, ElementAccum, TileShapePV, GMMA::Major::K, GMMA::Major::MN>(),
         AtomLayoutMma{}));
 
+    // Q buffers: with two, the Q thread loads the next query tile's Q while this one's is in use.
+    static constexpr int kQBuffers = V5_HOPPER_Q_BUFFERS;
+    static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q buffers");
     // 128-byte swizzled tiles: the layout wgmma descriptors and TMA boxes both accept, and the
     // one that keeps wgmma's shared-memory reads free of bank conflicts.
     using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                               Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+                                               Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQBuffers>>{}));
     using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                                Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
     using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
@@ -76,7 +79,7 @@ struct KernelTraits {
     using TmaQ = decltype(make_tma_copy(
         SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
-        SmemLayoutQ{}, select<0, 2>(TileShapeQK{}), _1{}));
+        take<0, 2>(SmemLayoutQ{}), select<0, 2>(TileShapeQK{}), _1{}));
     using TmaK = decltype(make_tma_copy(
         SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
@@ -101,7 +104,7 @@ struct KernelTraits {
         GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
                              GMMA::Major::K, GMMA::Major::MN>()));
 
-    static constexpr uint32_t kTmaBytesQ = sizeof(Element) * size(SmemLayoutQ{});
+    static constexpr uint32_t kTmaBytesQ = sizeof(Element) * size(take<0, 2>(SmemLayoutQ{}));
     static constexpr uint32_t kTmaBytesK = sizeof(Element) * size(take<0, 2>(SmemLayoutK{}));
     static constexpr uint32_t kTmaBytesV = sizeof(Element) * size(take<0, 2>(SmemLayoutVt{}));
 
@@ -118,8 +121,8 @@ struct KernelTraits {
         cute::array_aligned<Element, kTmaEpilogue ? cute::cosize_v<SmemLayoutO> : 1, 1024> o;
         typename Pipeline::SharedStorage pipeline_k;
         typename Pipeline::SharedStorage pipeline_v;
-        typename BarrierQ::ValueType barrier_q;              // Q landed (TMA bytes)
-        typename BarrierQEmpty::ValueType barrier_q_empty;   // Q read by every consumer
+        typename BarrierQ::ValueType barrier_q[kQBuffers];              // Q landed (TMA bytes)
+        typename BarrierQEmpty::ValueType barrier_q_empty[kQBuffers];   // Q read by every consumer
     };
     static constexpr int kSmemBytes = sizeof(SharedStorage);
     static_assert(kSmemBytes <= 227 * 1024,

@@ -49,18 +49,31 @@ struct OnlineSoftmax {
         }
     }
 
+    // With lazy rescaling a row keeps its running maximum until a tile's maximum exceeds it by more
+    // than this (in exp2 units), so most tiles leave O and the sums unscaled; probabilities then
+    // reach at most 2^8, far inside fp16's and bf16's range, and the final 1/sum uses the same
+    // maximum as every term, so the result is the same softmax.
+    static constexpr float kLazyThresholdLog2 = 8.f;
+
     // One key tile: (1) the new running maximum of each row, (2) the factor that rescales what was
     // accumulated against the old maximum (returned in o_scale, for the O rows), (3) the scores
     // turned in place into unnormalised probabilities exp2((s - max) * scale_log2), added to the sum.
+    // Returns whether some row of this thread changed its maximum (o_scale not all 1).
     template <bool kFirstTile, class ScoresRowCol>
-    __device__ void update(ScoresRowCol& s, float (&o_scale)[kRows]) {
+    __device__ bool update(ScoresRowCol& s, float (&o_scale)[kRows]) {
         static_assert(decltype(size<0>(s))::value == kRows);
+        bool rescaled = !V5_HOPPER_LAZY_RESCALE;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
-            float m = row_max[r];
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < size<1>(s); ++c) m = fmaxf(m, s(r, c));
-            m = quad_max(m);
+            float m = quad_max(row_max_of<kFirstTile>(s, r, row_max[r]));
+            if constexpr (V5_HOPPER_LAZY_RESCALE && !kFirstTile) {
+                // Both -inf (a row that met only masked keys): NaN compares false, the row stays -inf.
+                if ((m - row_max[r]) * scale_log2 > kLazyThresholdLog2) {
+                    rescaled = true;
+                } else {
+                    m = row_max[r];
+                }
+            }
             // A row that has met only masked keys keeps max -inf: offset by 0, so exp2 gives 0, not NaN.
             const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
             o_scale[r] = kFirstTile ? 1.f : exp2_approx(row_max[r] * scale_log2 - m_scaled);
@@ -73,6 +86,25 @@ struct OnlineSoftmax {
             }
             row_sum[r] = kFirstTile ? tile_sum : fmaf(row_sum[r], o_scale[r], tile_sum);
         }
+        return rescaled;
+    }
+
+    // The maximum of row r's scores (and the running maximum) as four independent chains: one
+    // chain of 32 dependent FMNMX per row was a tenth of the consumers' stall samples on the H100
+    // (NOTES.md, run 12); max is exact in any order.
+    template <bool kFirstTile, class ScoresRowCol>
+    __device__ static float row_max_of(ScoresRowCol const& s, int r, float running) {
+        constexpr int kCols = decltype(size<1>(s))::value;
+        constexpr int kChains = kCols % 4 == 0 ? 4 : 1;
+        float chain[kChains];
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kChains; ++j) chain[j] = s(r, j);
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = kChains; c < kCols; ++c) chain[c % kChains] = fmaxf(chain[c % kChains], s(r, c));
+        float m = kFirstTile ? chain[0] : fmaxf(chain[0], running);
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 1; j < kChains; ++j) m = fmaxf(m, chain[j]);
+        return m;
     }
 
     // 1 / (the row's whole sum); 0 for a row that met no key (a padding row past S).

@@ -51,3 +51,11 @@
 #ifndef V5_HOPPER_PINGPONG_FULL
 #error "V5_HOPPER_PINGPONG_FULL undefined: the build passes it from variant.yaml (tunables.pingpong_full)"
 #endif
+// Q buffers (2: a thread of its own loads the next tile's Q ahead)
+#ifndef V5_HOPPER_Q_BUFFERS
+#error "V5_HOPPER_Q_BUFFERS undefined: the build passes it from variant.yaml (tunables.q_buffers)"
+#endif
+// keep a row's maximum until a tile exceeds it by 2^8, so most tiles skip O's rescale
+#ifndef V5_HOPPER_LAZY_RESCALE
+#error "V5_HOPPER_LAZY_RESCALE undefined: the build passes it from variant.yaml (tunables.lazy_rescale)"
+#endif
