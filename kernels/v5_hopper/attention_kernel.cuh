@@ -152,7 +152,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
-        OnlineSoftmax<kRows> softmax(params.scale_log2);
+        OnlineSoftmax<kRows, Traits::kMaxChains> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
         if (turn.is_last()) turn.pass();   // group 0 issues first

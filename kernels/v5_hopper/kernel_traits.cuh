@@ -56,7 +56,14 @@ struct KernelTraits {
     using TiledMmaPV = decltype(make_tiled_mma(
         GMMA::rs_op_selector<Element, Element, ElementAccum, TileShapePV, GMMA::Major::K, GMMA::Major::MN>(),
         AtomLayoutMma{}));
+    // One wgmma spans the whole tile width. Without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (set in
+    // variant.yaml's nvcc flags) CuTe's selectors know only N of 256, 192, 128, 96, 64, ... and
+    // silently tile 176 keys as eleven 64x16 products: 0.70x of 128 keys (NOTES.md, run 13).
+    static_assert(size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN, "Q K^T: one wgmma per key tile width");
+    static_assert(size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHeadDim, "P V: one wgmma per head dim");
 
+    static constexpr int kMaxChains = kHeadDim == 64 ? V5_HOPPER_MAX_CHAINS_D64 : V5_HOPPER_MAX_CHAINS;
+    static_assert(kMaxChains == 1 || kMaxChains == 4, "row maximum chains: 1 or 4");
     // Q buffers: with two, the Q thread loads the next query tile's Q while this one's is in use.
     static constexpr int kQBuffers = V5_HOPPER_Q_BUFFERS;
     static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q buffers");

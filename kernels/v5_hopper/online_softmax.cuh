@@ -35,7 +35,8 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
-template <int kRows>
+// kMaxChains: independent FMNMX chains per row maximum (1 or 4; a tunable per head dim).
+template <int kRows, int kMaxChains>
 struct OnlineSoftmax {
     float row_max[kRows];   // running maximum score of each row (unscaled), -inf before any key
     float row_sum[kRows];   // this thread's share of each row's running sum; the quad adds them at the end
@@ -89,13 +90,14 @@ struct OnlineSoftmax {
         return rescaled;
     }
 
-    // The maximum of row r's scores (and the running maximum) as four independent chains: one
-    // chain of 32 dependent FMNMX per row was a tenth of the consumers' stall samples on the H100
-    // (NOTES.md, run 12); max is exact in any order.
+    // The maximum of row r's scores (and the running maximum) as kMaxChains independent chains:
+    // one chain of 32 dependent FMNMX per row was a tenth of the consumers' stall samples on the
+    // H100 at D=128 (NOTES.md, run 12), where four chains pay; at D=64 one chain measured faster
+    // (run 13). Max is exact in any order, so the output is the same bit for bit.
     template <bool kFirstTile, class ScoresRowCol>
     __device__ static float row_max_of(ScoresRowCol const& s, int r, float running) {
         constexpr int kCols = decltype(size<1>(s))::value;
-        constexpr int kChains = kCols % 4 == 0 ? 4 : 1;
+        constexpr int kChains = kCols % kMaxChains == 0 ? kMaxChains : 1;
         float chain[kChains];
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kChains; ++j) chain[j] = s(r, j);

@@ -59,3 +59,10 @@
 #ifndef V5_HOPPER_LAZY_RESCALE
 #error "V5_HOPPER_LAZY_RESCALE undefined: the build passes it from variant.yaml (tunables.lazy_rescale)"
 #endif
+// independent FMNMX chains per row maximum, at D=128 and at D=64
+#ifndef V5_HOPPER_MAX_CHAINS
+#error "V5_HOPPER_MAX_CHAINS undefined: the build passes it from variant.yaml (tunables.max_chains)"
+#endif
+#ifndef V5_HOPPER_MAX_CHAINS_D64
+#error "V5_HOPPER_MAX_CHAINS_D64 undefined: the build passes it from variant.yaml (tunables.max_chains_d64)"
+#endif
