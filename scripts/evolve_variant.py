@@ -9,7 +9,7 @@ from pathlib import Path
 from evo_sdpa.candidates import (PipelineEvaluator, StageConfig, command_child_maker, fingerprint,
                                  root_insight)
 from evo_sdpa.cardlock import hold_card
-from evo_sdpa.cli import config_arg, parser, setup_logging
+from evo_sdpa.cli import config_arg, exit_on_sigterm, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
 from evo_sdpa.errors import notice, run_stage
@@ -34,6 +34,7 @@ def main() -> None:
     p.add_argument("--curve", required=True)
     args = p.parse_args()
     log = setup_logging()
+    exit_on_sigterm()   # a killed search still adds its wall time to the store, so a resume's budget counts it
     hold_card(f"evolve {args.variant}", log)
     cfg = args.config_json
     variant = load_variant(KERNELS_DIR / args.variant)

@@ -560,3 +560,34 @@ def test_a_search_whose_defaults_fail_the_gates_stops_without_parents(tmp_path):
     assert state.stop["condition"] == "no_parents" and len(state.generations) == 1
     assert evaluator.measured == []
     assert summary("fake", state, None, [], 0.0)["reasons"] == ["no candidate was measured"]
+
+
+def test_a_terminated_search_still_records_its_wall_time(tmp_path):
+    """A timeout or a cancel sends SIGTERM: the evolve stage turns it into SystemExit, so the
+    search's `finally` adds the session's wall time to the store and a resume's wall budget counts it."""
+    import signal
+    import subprocess
+    import time
+
+    scripts = Path(__file__).resolve().parents[1] / "scripts"
+    child = subprocess.Popen([sys.executable, "-c", f"""
+import sys, time
+sys.path.insert(0, {str(scripts)!r})
+from pathlib import Path
+from evo_sdpa.cli import exit_on_sigterm
+from evo_sdpa.evolve import Store
+store = Store(Path({str(tmp_path)!r}))
+store.open({{"variant": "fake"}})
+exit_on_sigterm()
+try:
+    Path({str(tmp_path / "ready")!r}).write_text("")
+    time.sleep(60)
+finally:
+    store.add_wall_seconds(7.0)
+"""])
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "ready").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    child.send_signal(signal.SIGTERM)
+    assert child.wait(timeout=30) == 128 + signal.SIGTERM
+    assert Store(tmp_path).wall_seconds() == pytest.approx(7.0)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 import sys
 
 
@@ -29,3 +30,12 @@ def setup_logging() -> logging.Logger:
     logging.basicConfig(stream=sys.stderr, level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(message)s")
     return logging.getLogger("evo_sdpa")
+
+
+def exit_on_sigterm() -> None:
+    """Turn SIGTERM (a timeout, a scheduler's cancel, Snakemake stopping its jobs) into SystemExit,
+    so `finally` blocks still record what a long stage has done, as they do for Ctrl-C."""
+    def _exit(signum, _frame):
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
