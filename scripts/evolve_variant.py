@@ -48,7 +48,7 @@ def main() -> None:
     evaluator = PipelineEvaluator(variant, store, stage, args.env, args.jobs, log)
     proposer_cfg = cfg["evolve"]["proposer"]
     if proposer_cfg == "builtin":
-        proposer = builtin_proposer(space, settings)
+        proposer = builtin_proposer(space, settings, variant.meta["tunable_constraints"])
     else:
         proposer = command_proposer(command_child_maker(proposer_cfg["command"], proposer_cfg.get("timeout_s"),
                                                         variant, store, evaluator.variant_of, log))

@@ -591,3 +591,22 @@ finally:
     child.send_signal(signal.SIGTERM)
     assert child.wait(timeout=30) == 128 + signal.SIGTERM
     assert Store(tmp_path).wall_seconds() == pytest.approx(7.0)
+
+
+def test_the_search_never_proposes_a_ruled_out_combination(tmp_path):
+    """A `tunable_constraints` entry (a combination that cannot build) is never a candidate; the
+    same search without it proposes that combination."""
+    forbid = [{"forbid": {"block": 128, "stages": 3}, "because": "planted: no room"}]
+    cfg = settings(generations=6)
+
+    def proposed(constraints) -> list[dict]:
+        store = Store(tmp_path / str(bool(constraints)))
+        store.open({"test": 1})
+        state = search(SPACE, cfg, builtin_proposer(SPACE, cfg, constraints), FakeEvaluator(FakeClock()), store,
+                       None, clock=FakeClock())
+        return [c.tunables for c in state.candidates.values()]
+
+    free = proposed([])
+    assert any(t["block"] == 128 and t["stages"] == 3 for t in free)   # the landscape's peak
+    held = proposed(forbid)
+    assert held and not any(t["block"] == 128 and t["stages"] == 3 for t in held)

@@ -200,3 +200,31 @@ def test_ab_sweep_set_before_any_config_is_an_error(capsys):
     with pytest.raises(SystemExit):
         ab_sweep().argument_parser().parse_args(["--variant", "v", "--out", "x", "--set", "stages=2"])
     assert "--set 'stages=2' comes before any --config NAME" in capsys.readouterr().err
+
+
+def test_a_ruled_out_combination_is_refused_in_one_line_naming_why(tmp_path):
+    v5 = load_variant(REPO / "kernels" / "v5_hopper")
+    with pytest.raises(StageError, match=r"stages=3 with tma_epilogue=1 is ruled out: .*shared memory"):
+        resolve(v5, {"stages": 3})
+    assert resolve(v5, {"stages": 3, "tma_epilogue": 0})["stages"] == 3
+
+
+@pytest.mark.parametrize("constraint, message", [
+    ({"forbid": {"nope": 1}, "because": "x"}, "'nope' is not a declared tunable"),
+    ({"forbid": {"stages": 7}, "because": "x"}, "stages=7 is not one of its values"),
+    ({"forbid": {"stages": 2}, "because": "x"}, "rules out the declared defaults"),
+    ({"forbid": {"stages": 3}}, "because"),
+])
+def test_a_bad_constraint_is_one_line_naming_the_field(tmp_path, constraint, message):
+    folder = tmp_path / "tiny"
+    folder.mkdir()
+    (folder / "kernel.cu").write_text("// empty\n")
+    (folder / "variant.yaml").write_text(yaml.safe_dump({
+        "name": "tiny", "kind": "cuda", "description": "a test variant", "sources": ["kernel.cu"],
+        "kernel_regex": "tiny",
+        "support": {"dtypes": ["fp16"], "head_dims": [64], "causal": [False]},
+        "tunables": {"stages": {"values": [2, 3], "default": 2, "define": "TINY_STAGES"}},
+        "tunable_constraints": [constraint]}))
+    with pytest.raises(StageError, match=message) as info:
+        load_variant(folder)
+    assert "\n" not in str(info.value) and "variant.yaml" in str(info.value)

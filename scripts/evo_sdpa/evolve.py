@@ -24,6 +24,7 @@ from typing import Callable, Protocol
 
 from .io import read_json, write_json
 from .report import geomean as _geomean
+from .tunables import ruled_out
 
 # ---------------------------------------------------------------- insight: findings -> levers
 
@@ -257,9 +258,10 @@ class Proposer(Protocol):
                  rng: random.Random) -> list[Candidate]: ...
 
 
-def builtin_proposer(space: tuple[Knob, ...], settings: Settings) -> Proposer:
+def builtin_proposer(space: tuple[Knob, ...], settings: Settings, constraints: list[dict] = ()) -> Proposer:
     """The lever search: crossover of two rank-selected parents (crossover_rate of the time, when
-    two parents of one source exist), else a mutation of one; never a configuration seen before."""
+    two parents of one source exist), else a mutation of one; never a configuration seen before,
+    nor one the variant's `tunable_constraints` rule out (it could not build)."""
 
     def propose(generation, first_index, count, pool, insight_of, seen, rng):
         by_id = {c.id: c for c in pool}
@@ -277,8 +279,10 @@ def builtin_proposer(space: tuple[Knob, ...], settings: Settings) -> Proposer:
                 else:
                     parent = by_id[rank_select(ids, rng)]
                     child = mutate(parent, space, insight_of(parent), rng, settings, child_id, generation)
-                if child is not None and child.key not in seen:
-                    seen.add(child.key)
+                if child is None or child.key in seen:
+                    continue
+                seen.add(child.key)
+                if ruled_out(constraints, child.tunables) is None:
                     children.append(child)
                     break
         return children

@@ -37,7 +37,20 @@ def resolve(variant: Variant, overrides: Mapping[str, int] | None = None) -> Tun
             raise StageError(f"{variant.name}: tunable {name}={value!r} is not one of its declared values "
                              f"{specs[name]['values']} (extend `values` in variant.yaml to try it)")
         values[name] = value
+    reason = ruled_out(variant.meta.get("tunable_constraints") or [], values)
+    if reason:
+        raise StageError(f"{variant.name}: {reason} (variant.yaml, tunable_constraints)")
     return values
+
+
+def ruled_out(constraints: list[dict], values: Mapping[str, int]) -> str | None:
+    """Why `values` cannot be built (the first `tunable_constraints` entry they match), or None."""
+    for constraint in constraints:
+        forbid = constraint["forbid"]
+        if all(values.get(name) == value for name, value in forbid.items()):
+            combination = " with ".join(f"{name}={value}" for name, value in forbid.items())
+            return f"{combination} is ruled out: {constraint['because']}"
+    return None
 
 
 def define_flags(variant: Variant, values: Mapping[str, int]) -> list[str]:

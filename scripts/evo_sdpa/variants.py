@@ -101,6 +101,7 @@ def load_variant(folder: Path) -> Variant:
         raise StageError(f"{rel}: field 'sources': the first source of a {meta['kind']} variant "
                          f"must be its {expected} entry file, not {entry!r}")
     check_tunables(meta["tunables"], meta["kind"], rel)
+    check_constraints(meta["tunable_constraints"], meta["tunables"], rel)
     return Variant(folder.name, folder, meta)
 
 
@@ -125,6 +126,20 @@ def check_tunables(tunables: dict, kind: str, rel: str) -> None:
                              f"tunable {macros[define]!r}")
         if define:
             macros[define] = name
+
+
+def check_constraints(constraints: list[dict], tunables: dict, rel: str) -> None:
+    """Each ruled-out combination names declared knobs and declared values, and the defaults are
+    not one of them."""
+    for index, constraint in enumerate(constraints):
+        field = f"{rel}: field 'tunable_constraints[{index}].forbid'"
+        for name, value in constraint["forbid"].items():
+            if name not in tunables:
+                raise StageError(f"{field}: {name!r} is not a declared tunable ({', '.join(tunables) or 'none'})")
+            if value not in tunables[name]["values"]:
+                raise StageError(f"{field}: {name}={value} is not one of its values {tunables[name]['values']}")
+        if all(tunables[name]["default"] == value for name, value in constraint["forbid"].items()):
+            raise StageError(f"{field}: it rules out the declared defaults; change a default or the constraint")
 
 
 def discover(kernels_dir: Path = KERNELS_DIR) -> dict[str, Variant]:
