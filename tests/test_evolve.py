@@ -610,3 +610,19 @@ def test_the_search_never_proposes_a_ruled_out_combination(tmp_path):
     assert any(t["block"] == 128 and t["stages"] == 3 for t in free)   # the landscape's peak
     held = proposed(forbid)
     assert held and not any(t["block"] == 128 and t["stages"] == 3 for t in held)
+
+
+def test_the_final_checks_count_in_the_recorded_wall_time(tmp_path):
+    """best.json's wall time is the search's and the final checks' (full tier, every sanitizer)."""
+    clock = FakeClock()
+    state, _, store = run(tmp_path, clock=clock)
+    searched = store.wall_seconds()
+
+    class SlowFinal(FakeEvaluator):
+        def final_check(self, candidate, build):
+            clock.now += 120.0
+            return super().final_check(candidate, build)
+
+    winner, _ = pick_winner(state, SlowFinal(), store, tries=2, clock=clock)
+    assert winner is not None
+    assert store.wall_seconds() == pytest.approx(searched + 120.0)

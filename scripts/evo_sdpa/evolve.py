@@ -358,7 +358,7 @@ class Store:
         return (self._read(self.meta_path) or {}).get("wall_seconds", 0.0)
 
     def add_wall_seconds(self, seconds: float) -> None:
-        data = read_json(self.meta_path)
+        data = self._read(self.meta_path) or {}
         data["wall_seconds"] = data.get("wall_seconds", 0.0) + seconds
         write_json(self.meta_path, data)
 
@@ -648,25 +648,31 @@ def winner_order(state: SearchState, min_gain: float) -> list[str]:
 
 
 def pick_winner(state: SearchState, evaluator: Evaluator, store: Store, tries: int,
-                log: Callable[[str], None] = lambda line: None, min_gain: float = 0.0) -> tuple[str | None, list[dict]]:
+                log: Callable[[str], None] = lambda line: None, min_gain: float = 0.0,
+                clock: Callable[[], float] = time.monotonic) -> tuple[str | None, list[dict]]:
     """The first candidate of winner_order that passes the final checks (the next when it does
-    not, up to `tries`); every check is recorded, and read back on a resume."""
+    not, up to `tries`); every check is recorded, and read back on a resume. Their wall time
+    counts in the store's, like the search's."""
     checks = []
     order = winner_order(state, min_gain)
     best = ranked(state.outcomes)[:1]
     if best and order[:1] != best:
         log(f"{best[0]} leads the defaults by less than min_gain ({min_gain:.1%}): the defaults stand")
-    for cid in order[:tries]:
-        record = store.final(cid)
-        if record is None:
-            candidate = state.candidates[cid]
-            record = evaluator.final_check(candidate, evaluator.build([candidate])[cid])
-            store.save_final(cid, record)
-        checks.append({"id": cid, **record})
-        log(f"final check {cid}: {record['status']} {'; '.join(record.get('reasons') or [])}")
-        if record["status"] == "pass":
-            return cid, checks
-    return None, checks
+    started = clock()
+    try:
+        for cid in order[:tries]:
+            record = store.final(cid)
+            if record is None:
+                candidate = state.candidates[cid]
+                record = evaluator.final_check(candidate, evaluator.build([candidate])[cid])
+                store.save_final(cid, record)
+            checks.append({"id": cid, **record})
+            log(f"final check {cid}: {record['status']} {'; '.join(record.get('reasons') or [])}")
+            if record["status"] == "pass":
+                return cid, checks
+        return None, checks
+    finally:
+        store.add_wall_seconds(clock() - started)
 
 
 def check_first_generation(space: tuple[Knob, ...], settings: Settings, proposer: Proposer,
