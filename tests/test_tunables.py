@@ -159,7 +159,8 @@ def test_v5_defaults_are_the_ones_tunables_cuh_held():
                             "block_m_d64_causal": 128, "block_n_d128_full": 128, "persistent": 2,
                             "persistent_min_waves": 3, "pingpong": 1, "tma_epilogue": 1,
                             "pingpong_full": 1, "q_buffers": 1,
-                            "lazy_rescale": 0, "max_chains": 4, "max_chains_d64": 1}
+                            "lazy_rescale": 0, "max_chains": 4, "max_chains_d64": 1,
+                            "sum_chains": 1}
 
 
 def test_v4_defaults_are_the_ones_its_header_held():

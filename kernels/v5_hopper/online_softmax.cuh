@@ -79,12 +79,21 @@ struct OnlineSoftmax {
             const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
             o_scale[r] = kFirstTile ? 1.f : exp2_approx(row_max[r] * scale_log2 - m_scaled);
             row_max[r] = m;
-            float tile_sum = 0.f;
+            // The tile's sum as V5_HOPPER_SUM_CHAINS independent FADD chains (one chain of 32
+            // dependent adds sits on each warp's softmax path, like the row maximum's did).
+            constexpr int kCols = decltype(size<1>(s))::value;
+            constexpr int kSums = kCols % V5_HOPPER_SUM_CHAINS == 0 ? V5_HOPPER_SUM_CHAINS : 1;
+            float sums[kSums];
             CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < size<1>(s); ++c) {
+            for (int j = 0; j < kSums; ++j) sums[j] = 0.f;
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < kCols; ++c) {
                 s(r, c) = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
-                tile_sum += s(r, c);
+                sums[c % kSums] += s(r, c);
             }
+            float tile_sum = sums[0];
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 1; j < kSums; ++j) tile_sum += sums[j];
             row_sum[r] = kFirstTile ? tile_sum : fmaf(row_sum[r], o_scale[r], tile_sum);
         }
         return rescaled;

@@ -66,3 +66,7 @@
 #ifndef V5_HOPPER_MAX_CHAINS_D64
 #error "V5_HOPPER_MAX_CHAINS_D64 undefined: the build passes it from variant.yaml (tunables.max_chains_d64)"
 #endif
+// independent FADD chains per row's tile sum
+#ifndef V5_HOPPER_SUM_CHAINS
+#error "V5_HOPPER_SUM_CHAINS undefined: the build passes it from variant.yaml (tunables.sum_chains)"
+#endif
