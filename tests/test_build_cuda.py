@@ -477,3 +477,19 @@ def test_evolution_candidates_build_with_their_values_once(tmp_path: Path, monke
     assert (store.candidate_dir("g00-c01") / "build" / "compiler.log").read_text().count("-DTUNED_WIDTH=32") == 1
     monkeypatch.setattr(candidates_lib, "build_into", lambda *a, **k: pytest.fail("rebuilt"))
     assert evaluator.build([narrow])["g00-c01"]["tunables"] == {"width": 32}
+
+
+def test_nvcc_stopped_by_a_signal_marks_the_verdict_interrupted(tmp_path: Path, monkeypatch) -> None:
+    """A timeout or a cancel kills nvcc (the whole process group gets SIGTERM): the verdict fails
+    and says it was interrupted, so a search that caches verdicts builds it again on resume."""
+    variant = two_unit_variant(tmp_path)
+    monkeypatch.setattr(build, "require_tool", lambda name: "/usr/bin/nvcc")
+    killed = build.Step(["nvcc", "-c", "entry.cu"], -15, "", 0.5)
+    done = build.Step(["nvcc", "-c", "scale.cu"], 0, "", 0.5)
+    monkeypatch.setattr(build, "run_nvcc", lambda *args: ([killed, done], None))
+    verdict, _, _ = build_cuda(variant, "9.0", out_dir(tmp_path))
+    assert verdict["status"] == "fail" and verdict["interrupted"] is True
+    assert any("stopped by signal 15" in reason for reason in verdict["reasons"])
+    monkeypatch.setattr(build, "run_nvcc", lambda *args: ([build.Step(["nvcc"], 2, "error: planted", 0.1), done], None))
+    refused, _, _ = build_cuda(variant, "9.0", tmp_path / "again")
+    assert refused["status"] == "fail" and "interrupted" not in refused

@@ -626,3 +626,42 @@ def test_the_final_checks_count_in_the_recorded_wall_time(tmp_path):
     winner, _ = pick_winner(state, SlowFinal(), store, tries=2, clock=clock)
     assert winner is not None
     assert store.wall_seconds() == pytest.approx(searched + 120.0)
+
+
+def test_an_interrupted_build_is_not_kept_so_a_resume_builds_it_again(tmp_path, monkeypatch):
+    from evo_sdpa import candidates
+
+    calls = []
+
+    def fake_build(variant, cc, outdir, cutlass_include, tunables):
+        calls.append(outdir)
+        interrupted = len(calls) == 1
+        verdict = {"status": "fail" if interrupted else "pass", "reasons": [], "artifact": None, "kind": "cuda"}
+        if interrupted:
+            verdict["interrupted"] = True
+        return verdict, [], "log"
+
+    monkeypatch.setattr(candidates, "build_variant", fake_build)
+
+    class Stage:
+        cc = "9.0"
+        cfg = {"build": {}}
+
+    out = tmp_path / "build"
+    first = candidates.build_into(type("V", (), {"name": "fake"})(), {}, out, Stage())
+    assert first["interrupted"] and not (out / "verdict.json").exists()
+    second = candidates.build_into(type("V", (), {"name": "fake"})(), {}, out, Stage())
+    assert second["status"] == "pass" and (out / "verdict.json").is_file()
+
+
+def test_a_finished_search_read_back_after_its_final_checks_ends_where_it_ended(tmp_path):
+    """The store's wall time grows with the final checks; a generation read back is judged at the
+    wall time it ended with, so the replay neither stops early nor changes the winner."""
+    clock = FakeClock()
+    state, _, store = run(tmp_path, FakeEvaluator(clock, build_cost=10.0), clock=clock, wall_s=50.0, generations=3)
+    assert state.stop["condition"] == "generations"
+    store.add_wall_seconds(120.0)   # the final checks
+    again, again_eval, _ = run(tmp_path, FakeEvaluator(FakeClock()), wall_s=50.0, generations=3)
+    assert again_eval.measured == []
+    assert again.stop["condition"] == "generations" and len(again.generations) == 3
+    assert [g["best_id"] for g in again.generations] == [g["best_id"] for g in state.generations]

@@ -67,21 +67,24 @@ struct OnlineSoftmax {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
             float m = quad_max(row_max_of<kFirstTile>(s, r, row_max[r]));
+            bool kept = false;   // the running maximum stands: scale exactly 1 (an FFMA would leave its rounding)
             if constexpr (V5_HOPPER_LAZY_RESCALE && !kFirstTile) {
                 // Both -inf (a row that met only masked keys): NaN compares false, the row stays -inf.
                 if ((m - row_max[r]) * scale_log2 > kLazyThresholdLog2) {
                     rescaled = true;
                 } else {
                     m = row_max[r];
+                    kept = true;
                 }
             }
             // A row that has met only masked keys keeps max -inf: offset by 0, so exp2 gives 0, not NaN.
             const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-            o_scale[r] = kFirstTile ? 1.f : exp2_approx(row_max[r] * scale_log2 - m_scaled);
+            o_scale[r] = kFirstTile || kept ? 1.f : exp2_approx(row_max[r] * scale_log2 - m_scaled);
             row_max[r] = m;
             // The tile's sum as V5_HOPPER_SUM_CHAINS independent FADD chains (one chain of 32
             // dependent adds sits on each warp's softmax path, like the row maximum's did).
             constexpr int kCols = decltype(size<1>(s))::value;
+            static_assert(V5_HOPPER_SUM_CHAINS == 1 || V5_HOPPER_SUM_CHAINS == 4, "tile sum chains: 1 or 4");
             constexpr int kSums = kCols % V5_HOPPER_SUM_CHAINS == 0 ? V5_HOPPER_SUM_CHAINS : 1;
             float sums[kSums];
             CUTLASS_PRAGMA_UNROLL

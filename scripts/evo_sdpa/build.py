@@ -191,6 +191,12 @@ def build_cuda(variant: Variant, cc: str, outdir: Path, cutlass_include: str | N
                    command=link.command if link else (units[0].command if len(units) == 1 else None),
                    units=[{"source": source, **step_record(unit)} for source, unit in zip(cu_sources, units)],
                    link=step_record(link) if link else None, sass=None, sass_dump=None, tunables=values)
+    if any(step.returncode < 0 for step in steps):
+        # nvcc was stopped by a signal (a timeout, a cancel): the kernel did not fail, the build did
+        # not finish; a caller that caches verdicts must not keep this one.
+        verdict["interrupted"] = True
+        verdict["reasons"].append(f"nvcc was stopped by signal {-min(step.returncode for step in steps)}: "
+                                  "the build was interrupted, not refused")
     log_text = "".join(step.log for step in steps)
     if sass_tools is not None and returncode == 0:
         log_text += check_sass(verdict, sass_tools, artifact, build["sass_expect"])

@@ -80,7 +80,10 @@ def build_into(variant: Variant, tunables: dict[str, int], outdir: Path, stage: 
     verdict["compiler_log"] = str(outdir / "compiler.log")
     write_text(outdir / "compiler.log", text)
     write_json(outdir / "resources.json", {"variant": variant.name, "kernels": resources})
-    write_json(outdir / "verdict.json", verdict)
+    if verdict.get("interrupted"):
+        (outdir / "verdict.json").unlink(missing_ok=True)   # a resumed search builds it again
+    else:
+        write_json(outdir / "verdict.json", verdict)
     return verdict
 
 

@@ -358,7 +358,9 @@ class Store:
         return (self._read(self.meta_path) or {}).get("wall_seconds", 0.0)
 
     def add_wall_seconds(self, seconds: float) -> None:
-        data = self._read(self.meta_path) or {}
+        data = self._read(self.meta_path)
+        if data is None:   # a store never opened holds no search to add to
+            return
         data["wall_seconds"] = data.get("wall_seconds", 0.0) + seconds
         write_json(self.meta_path, data)
 
@@ -614,13 +616,15 @@ def search(space: tuple[Knob, ...], settings: Settings, proposer: Proposer, eval
             if spent:
                 state.stop = {**spent, "generation": generation, "midway": True}
                 break
+            # A generation read back is judged at the wall time it ended with, not today's total
+            # (which counts every later generation and the final checks).
             stored_wall = record.get("wall_seconds_total") if record and record.get("status") == "done" else None
-            done = generation_record(generation, candidates, elites_in, state, settings.elites,
-                                     wall() if stored_wall is None else stored_wall)
+            ended_at = wall() if stored_wall is None else stored_wall
+            done = generation_record(generation, candidates, elites_in, state, settings.elites, ended_at)
             state.generations.append(done)
             exhausted = generation > 0 and not candidates
             stop = stop_reason(settings, generation, [g["best_fitness"] for g in state.generations],
-                               wall(), state.gpu_seconds(), exhausted)
+                               ended_at, state.gpu_seconds(), exhausted)
             done["stop"] = stop
             store.save_generation(generation, done)
             log(f"generation {generation}: best {done['best_id']} fitness {done['best_fitness']}"
