@@ -19,6 +19,7 @@ def main() -> None:
     p.add_argument("--verdict", required=True)
     p.add_argument("--resources", required=True)
     p.add_argument("--compiler-log", required=True)
+    p.add_argument("--jobs", type=int, default=1, help="translation units compiled at once (the job's threads)")
     args = p.parse_args()
     log = setup_logging()
     variant = load_variant(KERNELS_DIR / args.variant)
@@ -26,7 +27,7 @@ def main() -> None:
         hold_card(f"build_variant {args.variant}", log)
     outdir = Path(args.verdict).parent
     verdict, resources, text = build_variant(variant, args.compute_capability, outdir,
-                                             args.config_json["build"].get("cutlass_include"))
+                                             args.config_json["build"].get("cutlass_include"), jobs=args.jobs)
     verdict["compiler_log"] = args.compiler_log
     # Triton compiles by launching (on the card when there is one); nvcc needs no card.
     stamp(verdict, variant_inputs(variant), measured_on_card=variant.kind == "triton" and verdict["status"] != "skipped")

@@ -166,6 +166,16 @@ def test_run_parallel_runs_the_commands_at_once_and_keeps_their_order(tmp_path: 
     assert [(step.returncode, step.output) for step in steps] == [(0, "a\n"), (0, "b\n"), (0, "c\n")]
 
 
+def test_run_parallel_keeps_to_the_jobs_it_was_given(tmp_path: Path) -> None:
+    """With one job (`snakemake --cores 1` gives the build one thread) the units run one after
+    another: each sees no other running."""
+    def alone(me: str) -> list[str]:
+        return ["sh", "-c", f"ls {tmp_path} | grep -q running && echo overlap; touch {tmp_path}/{me}.running; "
+                            f"sleep 0.3; rm {tmp_path}/{me}.running; echo {me}"]
+    steps = run_parallel([alone("a"), alone("b"), alone("c")], jobs=1)
+    assert [step.output for step in steps] == ["a\n", "b\n", "c\n"]
+
+
 # --- linker flags --------------------------------------------------------------------------------
 
 

@@ -633,7 +633,7 @@ def test_an_interrupted_build_is_not_kept_so_a_resume_builds_it_again(tmp_path, 
 
     calls = []
 
-    def fake_build(variant, cc, outdir, cutlass_include, tunables):
+    def fake_build(variant, cc, outdir, cutlass_include, tunables, jobs=None):
         calls.append(outdir)
         interrupted = len(calls) == 1
         verdict = {"status": "fail" if interrupted else "pass", "reasons": [], "artifact": None, "kind": "cuda"}

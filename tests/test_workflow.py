@@ -72,6 +72,20 @@ def test_one_variant_chain_to_its_profile(tmp_path):
     assert ("final_summary", "") not in jobs
 
 
+def test_a_build_claims_a_thread_per_translation_unit_within_cores(tmp_path):
+    """v5_hopper compiles five .cu units at once given the cores, one at a time with --cores 1;
+    the build never runs more nvcc processes than Snakemake gave it threads."""
+    repo = copy_tree(tmp_path)
+    targets = ["results/build/v5_hopper/verdict.json", "results/build/v1_scalar/verdict.json"]
+
+    def threads(cores: str) -> dict[str, str]:
+        out = snakemake(repo, "-n", "-p", "--forceall", "--cores", cores, *targets).stdout
+        return dict(re.findall(r"build_variant\.py --variant (\w+) .*?--jobs (\d+)", out))
+
+    assert threads("8") == {"v5_hopper": "5", "v1_scalar": "1"}
+    assert threads("1") == {"v5_hopper": "1", "v1_scalar": "1"}
+
+
 def test_evolve_target_runs_after_the_variants_chain(tmp_path):
     jobs = planned_jobs(copy_tree(tmp_path), "results/evolve/v4_pipelined/best.json")
     assert {rule for rule, variant in jobs if variant == "v4_pipelined"} == set(CHAIN) | {"evolve"}

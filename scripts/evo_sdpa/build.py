@@ -36,7 +36,7 @@ def below_min_cc(variant: Variant, cc: str) -> str | None:
 
 
 def build_variant(variant: Variant, cc: str, outdir: Path, cutlass_include: str | None = None,
-                  tunable_values: dict[str, int] | None = None) -> tuple[dict, list[dict], str]:
+                  tunable_values: dict[str, int] | None = None, jobs: int | None = None) -> tuple[dict, list[dict], str]:
     """The build stage's (verdict, per-kernel resources, compiler log) for a variant of either
     kind, with its tunables (defaults unless overridden); skipped below its minimum capability."""
     skip = below_min_cc(variant, cc)
@@ -44,7 +44,7 @@ def build_variant(variant: Variant, cc: str, outdir: Path, cutlass_include: str 
         verdict, resources, text = {"status": "skipped", "reasons": [skip], "artifact": None,
                                     "tunables": tunables_lib.resolve(variant, tunable_values)}, [], skip
     elif variant.kind == "cuda":
-        verdict, resources, text = build_cuda(variant, cc, outdir, cutlass_include, tunable_values)
+        verdict, resources, text = build_cuda(variant, cc, outdir, cutlass_include, tunable_values, jobs)
     else:
         verdict, resources, text = build_triton(variant, variant.meta["build"]["allow_spills"], tunable_values)
     verdict.update(variant=variant.name, kind=variant.kind, compute_capability=cc)
@@ -124,32 +124,33 @@ def run_step(argv: list[str]) -> Step:
     return Step(argv, proc.returncode, proc.stdout + proc.stderr, time.perf_counter() - started)
 
 
-def run_parallel(commands: list[list[str]]) -> list[Step]:
-    """Every command at once (up to one per core); the steps come back in the commands' order."""
-    workers = max(1, min(len(commands), os.cpu_count() or 1))
+def run_parallel(commands: list[list[str]], jobs: int | None = None) -> list[Step]:
+    """Up to `jobs` commands at once (the cores the caller was given; None: one per core); the
+    steps come back in the commands' order."""
+    workers = max(1, min(len(commands), jobs or os.cpu_count() or 1))
     with ThreadPoolExecutor(max_workers=workers) as pool:
         return list(pool.map(run_step, commands))
 
 
 def compile_and_link(nvcc: str, sources: list[str], artifact: Path, gencode: str, flags: list[str],
-                     include_dirs: list[str], workdir: Path) -> tuple[list[Step], Step | None]:
+                     include_dirs: list[str], workdir: Path, jobs: int | None = None) -> tuple[list[Step], Step | None]:
     """Each source to an object in parallel, then one link; no link when a unit failed."""
     objects = [str(workdir / f"{index:02d}_{Path(source).stem}.o") for index, source in enumerate(sources)]
     units = run_parallel([nvcc_lib.object_command(nvcc, source, obj, gencode, flags, include_dirs)
-                          for source, obj in zip(sources, objects)])
+                          for source, obj in zip(sources, objects)], jobs)
     if any(unit.returncode != 0 for unit in units):
         return units, None
     return units, run_step(nvcc_lib.link_command(nvcc, objects, str(artifact), gencode, flags))
 
 
 def run_nvcc(nvcc: str, sources: list[str], artifact: Path, gencode: str, flags: list[str],
-             include_dirs: list[str]) -> tuple[list[Step], Step | None]:
+             include_dirs: list[str], jobs: int | None = None) -> tuple[list[Step], Step | None]:
     """(one step per translation unit, the link step or None). One .cu file builds in one
     command; several compile in parallel to objects in a scratch folder beside the artifact."""
     if len(sources) == 1:
         return [run_step(nvcc_lib.compile_command(nvcc, sources, str(artifact), gencode, flags, include_dirs))], None
     with tempfile.TemporaryDirectory(dir=artifact.parent, prefix=".objects-") as workdir:
-        return compile_and_link(nvcc, sources, artifact, gencode, flags, include_dirs, Path(workdir))
+        return compile_and_link(nvcc, sources, artifact, gencode, flags, include_dirs, Path(workdir), jobs)
 
 
 def step_record(step: Step) -> dict:
@@ -157,14 +158,15 @@ def step_record(step: Step) -> dict:
 
 
 def build_cuda(variant: Variant, cc: str, outdir: Path, cutlass_include: str | None = None,
-               tunable_values: dict[str, int] | None = None) -> tuple[dict, list[dict], str]:
+               tunable_values: dict[str, int] | None = None, jobs: int | None = None) -> tuple[dict, list[dict], str]:
     """Compile with nvcc; return (verdict, per-kernel resources, full compiler log).
 
     Every tunable reaches the kernel as -D<define>=<value>: its variant.yaml default unless
     `tunable_values` overrides it (each override checked against the knob's declared values); the
     verdict records the values under `tunables`. `cutlass_include` is config key
     build.cutlass_include (used when the variant requires cutlass). With build.sass_expect, the
-    built library's SASS must hold each listed opcode."""
+    built library's SASS must hold each listed opcode. `jobs`: translation units compiled at once
+    (the threads the job was given; None: one per core)."""
     build = variant.meta["build"]
     values = tunables_lib.resolve(variant, tunable_values)
     flags = list(build["nvcc_flags"]) + tunables_lib.define_flags(variant, values)
@@ -177,7 +179,7 @@ def build_cuda(variant: Variant, cc: str, outdir: Path, cutlass_include: str | N
     cu_sources = [str(p) for p in variant.sources if p.suffix == ".cu"]
     outdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    units, link = run_nvcc(nvcc, cu_sources, artifact, gencode, flags, include_dirs)
+    units, link = run_nvcc(nvcc, cu_sources, artifact, gencode, flags, include_dirs, jobs)
     seconds = time.perf_counter() - started
     steps = units + ([link] if link else [])
     returncode = next((step.returncode for step in steps if step.returncode != 0), 0)

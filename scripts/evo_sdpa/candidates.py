@@ -70,11 +70,13 @@ def root_insight(analysis_path: str) -> Insight:
 # the search's: each writes its evidence beside the candidate and returns one record.
 
 
-def build_into(variant: Variant, tunables: dict[str, int], outdir: Path, stage: StageConfig) -> dict:
-    """The build stage's verdict, resources and log for these tunable values, written to outdir."""
+def build_into(variant: Variant, tunables: dict[str, int], outdir: Path, stage: StageConfig,
+               jobs: int | None = None) -> dict:
+    """The build stage's verdict, resources and log for these tunable values, written to outdir
+    (`jobs`: translation units compiled at once)."""
     try:
         verdict, resources, text = build_variant(variant, stage.cc, outdir,
-                                                 stage.cfg["build"].get("cutlass_include"), tunables)
+                                                 stage.cfg["build"].get("cutlass_include"), tunables, jobs)
     except StageError as exc:  # an undeclared value, a header library missing
         verdict, resources, text = {"status": "fail", "reasons": [str(exc)], "artifact": None}, [], str(exc)
     verdict["compiler_log"] = str(outdir / "compiler.log")
@@ -134,7 +136,7 @@ class PipelineEvaluator:
     def build_dir(self, candidate: Candidate) -> Path:
         return self.store.candidate_dir(candidate.id) / "build"
 
-    def build_one(self, candidate: Candidate) -> dict:
+    def build_one(self, candidate: Candidate, jobs: int | None = None) -> dict:
         """A finished build is read back; a Triton one compiles by launching, so in its own process."""
         verdict_path = self.build_dir(candidate) / "verdict.json"
         if verdict_path.is_file():
@@ -147,15 +149,18 @@ class PipelineEvaluator:
             verdict = {"status": "fail", "reasons": [str(exc)], "artifact": None}
         else:
             if variant.kind == "cuda":
-                verdict = build_into(variant, candidate.tunables, self.build_dir(candidate), self.stage)
+                verdict = build_into(variant, candidate.tunables, self.build_dir(candidate), self.stage, jobs)
             else:
                 verdict = self.isolated(candidate, "build")
         self.log.info("build %s: %s %s", candidate.id, verdict["status"], "; ".join(verdict.get("reasons") or []))
         return verdict
 
     def build(self, candidates: list[Candidate]) -> dict[str, dict]:
-        with ThreadPoolExecutor(max_workers=max(1, self.jobs)) as pool:
-            return dict(zip([c.id for c in candidates], pool.map(self.build_one, candidates)))
+        """Up to `jobs` candidates at once, sharing the job's threads between their compiles."""
+        at_once = max(1, min(self.jobs, len(candidates)))
+        each = max(1, self.jobs // at_once)
+        with ThreadPoolExecutor(max_workers=at_once) as pool:
+            return dict(zip([c.id for c in candidates], pool.map(lambda c: self.build_one(c, each), candidates)))
 
     def isolated(self, candidate: Candidate, step: str) -> dict:
         """Run one step in the candidate's own process; a process that dies is the step's failure."""

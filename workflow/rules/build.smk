@@ -14,9 +14,10 @@ rule build_variant:
         cc=BUILD_CC,
         device=DEVICE_ID,
         cfg=config_json("build"),
+    threads: build_threads
     resources:
         gpu=build_gpu_slots,
     shell:
         logged("python3 {input.script} --variant {wildcards.variant} --compute-capability {params.cc}"
                " --config-json {params.cfg:q} --verdict {output.verdict} --resources {output.resources}"
-               " --compiler-log {output.compiler_log}")
+               " --compiler-log {output.compiler_log} --jobs {threads}")

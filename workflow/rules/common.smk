@@ -104,6 +104,12 @@ def host_threads():
         return 16
 
 
+def build_threads(wildcards):
+    """One per translation unit a CUDA build compiles at once (Snakemake caps it at --cores)."""
+    variant = known_variant(wildcards.variant)
+    return max(1, sum(1 for path in variant.sources if path.suffix == ".cu")) if variant.kind == "cuda" else 1
+
+
 def build_gpu_slots(wildcards):
     """Triton compiles by running, so its build holds the GPU; nvcc does not need one."""
     return gpu_slots() if known_variant(wildcards.variant).kind == "triton" else 0
