@@ -151,7 +151,7 @@ target=(results/final/final_summary.md --configfile config/test.yaml)
 echo "slurm test: local run done after $(( $(date +%s) - START )) s"
 (cd "$WORK/slurm" && "$PYTHON" -m snakemake --workflow-profile workflow/profiles/slurm \
     --default-resources slurm_account=$ACCOUNT slurm_partition=gpu mem_mb=1000 runtime=30 \
-    --slurm-status-command squeue --slurm-init-seconds-before-status-checks 2 \
+    --slurm-status-command squeue --slurm-init-seconds-before-status-checks 2 --max-threads "$cpus" \
     "${target[@]}" > snakemake.log 2>&1) \
   || { tail -n 30 "$WORK/slurm/snakemake.log" >&2; die "the run through SLURM failed (log above)"; }
 echo "slurm test: slurm run done after $(( $(date +%s) - START )) s"
