@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstring>  // memcpy
+#include <type_traits>
 
 namespace evo_sm80 {
 
@@ -15,29 +16,24 @@ constexpr int kWarpSize = 32;
 // What differs between fp16 and bf16: packing two fp32 values into the 32-bit register the mma
 // takes as a pair of 16-bit operands (round to nearest even).
 template <typename T>
-struct ElementTraits;
+struct ElementTraits {
+    static_assert(std::is_same<T, __half>::value || std::is_same<T, __nv_bfloat16>::value, "fp16 or bf16");
+    static constexpr bool kIsBf16 = std::is_same<T, __nv_bfloat16>::value;
+    using Pair = typename std::conditional<kIsBf16, __nv_bfloat162, __half2>::type;
 
-template <>
-struct ElementTraits<__half> {
-    static constexpr bool kIsBf16 = false;
     static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        const __half2 pair = __floats2half2_rn(lo, hi);
+        Pair pair;
+        if constexpr (kIsBf16) {
+            pair = __floats2bfloat162_rn(lo, hi);
+        } else {
+            pair = __floats2half2_rn(lo, hi);
+        }
         uint32_t bits;
         memcpy(&bits, &pair, sizeof(bits));  // bit cast; a register move
         return bits;
     }
 };
 
-template <>
-struct ElementTraits<__nv_bfloat16> {
-    static constexpr bool kIsBf16 = true;
-    static __device__ __forceinline__ uint32_t pack(float lo, float hi) {
-        const __nv_bfloat162 pair = __floats2bfloat162_rn(lo, hi);
-        uint32_t bits;
-        memcpy(&bits, &pair, sizeof(bits));  // bit cast; a register move
-        return bits;
-    }
-};
 // Shared-window address of a generic pointer into shared memory: what ldmatrix and cp.async take.
 __device__ __forceinline__ uint32_t smem_address(const void* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
