@@ -17,7 +17,7 @@ from evo_sdpa.evolve import (Settings, Store, builtin_proposer, check_first_gene
                              curve, pick_winner, search, space_of, summary)
 from evo_sdpa.io import write_json
 from evo_sdpa.provenance import stamp
-from evo_sdpa.tunables import declared
+from evo_sdpa.tunables import constraints, declared
 from evo_sdpa.variants import KERNELS_DIR, load_variant
 
 
@@ -48,7 +48,7 @@ def main() -> None:
     evaluator = PipelineEvaluator(variant, store, stage, args.env, args.jobs, log)
     proposer_cfg = cfg["evolve"]["proposer"]
     if proposer_cfg == "builtin":
-        proposer = builtin_proposer(space, settings, variant.meta["tunable_constraints"])
+        proposer = builtin_proposer(space, settings, constraints(variant))
     else:
         proposer = command_proposer(command_child_maker(proposer_cfg["command"], proposer_cfg.get("timeout_s"),
                                                         variant, store, evaluator.variant_of, log))

@@ -5,8 +5,9 @@ import math
 from evo_sdpa.cli import parser
 from evo_sdpa.inputs import make_qkv
 from evo_sdpa.io import read_json
-from evo_sdpa.profiling import NVTX_RANGE, SDPA_ENTRY
+from evo_sdpa.profiling import NVTX_RANGE
 from evo_sdpa.shapes import torch_dtype
+from evo_sdpa.variants import SDPA_ENTRY
 
 WARMUP_CALLS = 3
 

@@ -8,9 +8,9 @@ from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
 from evo_sdpa.errors import fail, notice, run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json, write_text
-from evo_sdpa.profiling import SDPA_ENTRY, profile
+from evo_sdpa.profiling import profile
 from evo_sdpa.provenance import stamp
-from evo_sdpa.variants import KERNELS_DIR, load_variant
+from evo_sdpa.variants import KERNELS_DIR, SDPA_ENTRY, load_variant
 
 
 def reason_not_to_profile(entry: str, enabled: bool, bench: str | None, shape: dict, dtype: str) -> dict | None:

@@ -176,7 +176,7 @@ def build_cuda(variant: Variant, cc: str, outdir: Path, cutlass_include: str | N
     sass_tools = sass_lib.find_sass_tools() if build["sass_expect"] else None
     gencode = nvcc_lib.arch_gencode(cc)
     artifact = outdir / f"lib{variant.name}.so"
-    cu_sources = [str(p) for p in variant.sources if p.suffix == ".cu"]
+    cu_sources = [str(p) for p in variant.translation_units]
     outdir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     units, link = run_nvcc(nvcc, cu_sources, artifact, gencode, flags, include_dirs, jobs)

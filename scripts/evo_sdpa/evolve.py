@@ -20,7 +20,7 @@ import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 from .io import read_json, write_json
 from .report import geomean as _geomean
@@ -258,7 +258,7 @@ class Proposer(Protocol):
                  rng: random.Random) -> list[Candidate]: ...
 
 
-def builtin_proposer(space: tuple[Knob, ...], settings: Settings, constraints: list[dict] = ()) -> Proposer:
+def builtin_proposer(space: tuple[Knob, ...], settings: Settings, constraints: Sequence[dict] = ()) -> Proposer:
     """The lever search: crossover of two rank-selected parents (crossover_rate of the time, when
     two parents of one source exist), else a mutation of one; never a configuration seen before,
     nor one the variant's `tunable_constraints` rule out (it could not build)."""

@@ -7,7 +7,6 @@ import time
 from pathlib import Path
 
 from .ncu import clean_csv_text, export_command, parse_raw_csv, profile_command
-from .variants import SDPA_ENTRY
 
 NVTX_RANGE = "evo_profile"
 NCU_TIMEOUT_S = 900

@@ -54,7 +54,6 @@ def stage_paths(layout: ResultsLayout, variant: str) -> dict[str, Path]:
     return {stage: layout.path(stage, variant) for stage in STAGES}
 
 
-
 def _reason(record: dict) -> str:
     return "; ".join(record.get("reasons", [])) or record.get("reason", "")
 

@@ -20,6 +20,11 @@ def declared(variant: Variant) -> dict[str, dict]:
     return variant.meta.get("tunables") or {}
 
 
+def constraints(variant: Variant) -> list[dict]:
+    """The combinations variant.yaml rules out (`tunable_constraints`: forbid + because)."""
+    return variant.meta.get("tunable_constraints") or []
+
+
 def defaults(variant: Variant) -> TunableValues:
     return {name: spec["default"] for name, spec in declared(variant).items()}
 
@@ -37,15 +42,15 @@ def resolve(variant: Variant, overrides: Mapping[str, int] | None = None) -> Tun
             raise StageError(f"{variant.name}: tunable {name}={value!r} is not one of its declared values "
                              f"{specs[name]['values']} (extend `values` in variant.yaml to try it)")
         values[name] = value
-    reason = ruled_out(variant.meta.get("tunable_constraints") or [], values)
+    reason = ruled_out(constraints(variant), values)
     if reason:
         raise StageError(f"{variant.name}: {reason} (variant.yaml, tunable_constraints)")
     return values
 
 
-def ruled_out(constraints: list[dict], values: Mapping[str, int]) -> str | None:
+def ruled_out(forbidden: Iterable[dict], values: Mapping[str, int]) -> str | None:
     """Why `values` cannot be built (the first `tunable_constraints` entry they match), or None."""
-    for constraint in constraints:
+    for constraint in forbidden:
         forbid = constraint["forbid"]
         if all(values.get(name) == value for name, value in forbid.items()):
             combination = " with ".join(f"{name}={value}" for name, value in forbid.items())

@@ -44,6 +44,11 @@ class Variant:
         return [source_path(self.folder, entry) for entry in self.meta["sources"]]
 
     @property
+    def translation_units(self) -> list[Path]:
+        """The .cu sources nvcc compiles, each to its own object (a CUDA variant's headers are not)."""
+        return [path for path in self.sources if path.suffix == ".cu"]
+
+    @property
     def kernel_regex(self) -> str:
         return self.meta["kernel_regex"]
 

@@ -28,6 +28,8 @@ def logged(command, notices=False, stdout=True):
     the failure tail; notices=True also repeats the log's `evo-sdpa:` lines after a success."""
     redirect = " > {log} 2>&1" if stdout else " 2> {log}"
     return "".join([command, redirect, FAIL_TAIL, NOTICES_TO_CONSOLE if notices else ""])
+
+
 HISTORY = "results/history"  # every run's leaderboard by card; written by the summary, owned by no rule
 
 
@@ -107,7 +109,7 @@ def host_threads():
 def build_threads(wildcards):
     """One per translation unit a CUDA build compiles at once (Snakemake caps it at --cores)."""
     variant = known_variant(wildcards.variant)
-    return max(1, sum(1 for path in variant.sources if path.suffix == ".cu")) if variant.kind == "cuda" else 1
+    return max(1, len(variant.translation_units)) if variant.kind == "cuda" else 1
 
 
 def build_gpu_slots(wildcards):
