@@ -60,7 +60,6 @@ template <class Traits, bool kCausal>
 __device__ void produce_q(typename Traits::Params const& params, typename Traits::SharedStorage& shared) {
     using BarrierQ = typename Traits::BarrierQ;
     using BarrierQEmpty = typename Traits::BarrierQEmpty;
-    constexpr int kBuffers = Traits::kQBuffers;
     const auto shape_qk = make_shape(params.seq_len, int(Traits::kHeadDim), params.heads, params.batch);
     Tensor mQ = params.tma_q.get_tma_tensor(shape_qk);
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});   // (M, D, buffers)
@@ -71,8 +70,7 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
         Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), select<0, 2>(typename Traits::TileShapeQK{}),
                                make_coord(tile.m_block, _0{}));
         auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-        const int buffer = tile_count % kBuffers;
-        const int use = tile_count / kBuffers;
+        const auto [buffer, use] = Traits::q_slot(tile_count);
         if (use > 0) BarrierQEmpty::wait(&shared.barrier_q_empty[buffer], (use - 1) & 1);
         BarrierQ::arrive_and_expect_tx(&shared.barrier_q[buffer], Traits::kTmaBytesQ);
         copy(params.tma_q.with(shared.barrier_q[buffer]), tQg, tQs(_, buffer));
@@ -152,12 +150,12 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
-        OnlineSoftmax<kRows, Traits::kMaxChains> softmax(params.scale_log2);
+        OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
         if (turn.is_last()) turn.pass();   // group 0 issues first
-        const int q_buffer = tile_count % Traits::kQBuffers;
-        BarrierQ::wait(&shared.barrier_q[q_buffer], (tile_count / Traits::kQBuffers) & 1);
+        const auto [q_buffer, q_use] = Traits::q_slot(tile_count);
+        BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
         int n = keys.end() - 1;

@@ -64,9 +64,18 @@ struct KernelTraits {
 
     static constexpr int kMaxChains = kHeadDim == 64 ? V5_HOPPER_MAX_CHAINS_D64 : V5_HOPPER_MAX_CHAINS;
     static_assert(kMaxChains == 1 || kMaxChains == 4, "row maximum chains: 1 or 4");
+    static constexpr int kSumChains = V5_HOPPER_SUM_CHAINS;
+    static_assert(kSumChains == 1 || kSumChains == 4, "tile sum chains: 1 or 4");
     // Q buffers: with two, the Q thread loads the next query tile's Q while this one's is in use.
     static constexpr int kQBuffers = V5_HOPPER_Q_BUFFERS;
     static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q buffers");
+    // The Q buffer of a CTA's tile_count-th query tile, and how often that buffer served before:
+    // the Q thread waits for use - 1 to be released, the consumers for use to land (phase use & 1).
+    struct QSlot {
+        int buffer;
+        int use;
+    };
+    static __device__ QSlot q_slot(int tile_count) { return {tile_count % kQBuffers, tile_count / kQBuffers}; }
     // 128-byte swizzled tiles: the layout wgmma descriptors and TMA boxes both accept, and the
     // one that keeps wgmma's shared-memory reads free of bank conflicts.
     using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},

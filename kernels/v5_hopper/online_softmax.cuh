@@ -35,8 +35,9 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
-// kMaxChains: independent FMNMX chains per row maximum (1 or 4; a tunable per head dim).
-template <int kRows, int kMaxChains>
+// kMaxChains, kSumChains: independent FMNMX chains per row maximum and FADD chains per tile sum
+// (1 or 4 each; tunables, the first per head dim).
+template <int kRows, int kMaxChains, int kSumChains>
 struct OnlineSoftmax {
     float row_max[kRows];   // running maximum score of each row (unscaled), -inf before any key
     float row_sum[kRows];   // this thread's share of each row's running sum; the quad adds them at the end
@@ -81,11 +82,10 @@ struct OnlineSoftmax {
             const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
             o_scale[r] = kFirstTile || kept ? 1.f : exp2_approx(row_max[r] * scale_log2 - m_scaled);
             row_max[r] = m;
-            // The tile's sum as V5_HOPPER_SUM_CHAINS independent FADD chains (one chain of 32
-            // dependent adds sits on each warp's softmax path, like the row maximum's did).
+            // The tile's sum as kSumChains independent FADD chains (one chain of 32 dependent adds
+            // sits on each warp's softmax path, like the row maximum's did).
             constexpr int kCols = decltype(size<1>(s))::value;
-            static_assert(V5_HOPPER_SUM_CHAINS == 1 || V5_HOPPER_SUM_CHAINS == 4, "tile sum chains: 1 or 4");
-            constexpr int kSums = kCols % V5_HOPPER_SUM_CHAINS == 0 ? V5_HOPPER_SUM_CHAINS : 1;
+            constexpr int kSums = kCols % kSumChains == 0 ? kSumChains : 1;
             float sums[kSums];
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < kSums; ++j) sums[j] = 0.f;
