@@ -83,6 +83,7 @@ RESULTS_LAYOUT = {
         "ncu": "nsight/{variant}/status.json",
         "analysis": "analysis/{variant}/bottlenecks.json",
         "evolve_curve": "evolve/{variant}/curve.json",
+        "evolve_best": "evolve/{variant}/best.json",
     },
 }
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from evo_sdpa import evolve
+from evo_sdpa import evolve, report
 from evo_sdpa.bottlenecks import RULES, STALL_LEVERS
 from evo_sdpa.evolve import (DEFAULTS_ID, FINDING_TAGS, Candidate, Insight, Knob, Settings, Store,
                              bench_speedups, builtin_proposer, choose_lever, command_proposer, crossover,
@@ -318,6 +318,22 @@ def test_stop_on_the_gpu_budget_midway(tmp_path):
     assert "of 0.583333 GPU minutes" in state.stop["detail"] or "GPU minutes spent" in state.stop["detail"]
 
 
+def test_a_budget_stopping_midway_still_records_the_build_rejections(tmp_path):
+    # The builds of a generation run before any timing; a candidate the build rejected costs no GPU
+    # time, so a budget that stops the timing midway must not leave its rejection out of the record.
+    clock = FakeClock()
+    fails = lambda c: c.id in ("g00-c04", "g00-c05")
+    state, evaluator, store = run(tmp_path, FakeEvaluator(clock, gpu_cost=10.0, build_fail=fails), clock=clock,
+                                  gpu_s=15.0)
+    assert state.stop["condition"] == "gpu_time" and state.stop["midway"]
+    assert evaluator.measured == ["g00-c00", "g00-c01"]
+    assert {cid: o["gate"] for cid, o in state.outcomes.items() if o["status"] == "rejected"} == \
+        {"g00-c04": "build", "g00-c05": "build"}
+    assert store.outcome("g00-c05")["gate"] == "build"
+    counts = summary("toy", state, None, [], 0.0)["candidates"]
+    assert counts == {"proposed": 6, "measured": 2, "rejected_by": {"build": 2}, "not_reached": 2}
+
+
 def test_stop_on_the_wall_budget(tmp_path):
     clock = FakeClock()
     state, evaluator, store = run(tmp_path, FakeEvaluator(clock, build_cost=100.0), clock=clock, wall_s=150.0)
@@ -396,6 +412,12 @@ def test_best_and_curve_records(tmp_path):
                                                       if TUNABLES[k]["default"] != v}
     assert best["candidates"]["proposed"] == len(state.candidates)
     assert best["stop"]["condition"] == "generations"
+    # The final summary's reading of this record (report.evolution_entry): every lineage step after the
+    # defaults names its change and the finding or crossover that made it.
+    shown = report.evolution_entry("fake", best)
+    assert shown["winner"]["id"] == winner and shown["not_reached"] == 0
+    assert [s["id"] for s in shown["winner"]["lineage"]] == [s["id"] for s in lineage]
+    assert all(s["changed"] and " -> " in s["changed"] for s in shown["winner"]["lineage"][1:])
     line = curve("fake", state)
     assert line["sdpa"] == 1.0 and line["defaults_fitness"] == state.outcomes[DEFAULTS_ID]["fitness"]
     assert [g["generation"] for g in line["generations"]] == [0, 1, 2, 3, 4]

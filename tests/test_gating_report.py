@@ -728,6 +728,39 @@ def restamp(results: Path, name: str, dirty: bool, card: dict | None = None, sta
         write_json(path, stamped(read_json(path), dirty, card=card if stage in ("bench", "ncu") else None))
 
 
+def test_summary_shows_each_evolution_run(gpu_tree):
+    assert "No evolution has run" in report.render(
+        report.build_leaderboard(layout_of(gpu_tree), ["bad", "good"], CFG, [s.label for s in SUITE]))
+    best = {
+        "variant": "good", "status": "pass", "reasons": [],
+        "stop": {"condition": "wall_time", "detail": "7.3 of 6 wall minutes spent", "generation": 1, "midway": True},
+        "candidates": {"proposed": 10, "measured": 6, "rejected_by": {"build": 2, "parity": 1}, "not_reached": 1},
+        "defaults": {"id": "g00-c00", "fitness": 0.8},
+        "final_checks": [{"id": "g01-c02", "status": "pass", "reasons": []}],
+        "wall_seconds": 438.2, "gpu_seconds": 331.4, "settings": {"suite": "large"},
+        "winner": {"id": "g01-c02", "fitness": 0.88, "over_defaults": 1.1, "source_dir": None,
+                   "changed_from_defaults": {"block": 128, "stages": 3},
+                   "lineage": [{"id": "g00-c00", "origin": "defaults", "changed": {}, "lever": None, "fitness": 0.8},
+                               {"id": "g00-c03", "origin": "mutation", "changed": {"block": [64, 128]},
+                                "lever": {"knob": "block", "finding": "underfilled_grid"}, "fitness": 0.84},
+                               {"id": "g01-c02", "origin": "mutation", "changed": {"stages": [2, 3]},
+                                "lever": {"knob": "stages", "finding": "stall_long_scoreboard"}, "fitness": 0.88}]},
+        "promote": "python3 scripts/promote_tunables.py --variant good --best results/evolve/good/best.json",
+    }
+    write_json(layout_of(gpu_tree).path("evolve_best", "good"), best)
+    text = report.render(report.build_leaderboard(layout_of(gpu_tree), ["bad", "good"], CFG, [s.label for s in SUITE]))
+    assert "### good (suite `large`)" in text
+    assert ("Stopped by wall_time (7.3 of 6 wall minutes spent), midway through generation 1. Candidates: 10 proposed, "
+            "6 measured, 2 rejected by the build gate, 1 rejected by the parity gate, 1 not reached.") in text
+    assert "Winner **g01-c02**: fitness 0.880, 1.100x the defaults; lever values changed from the defaults: " \
+           "`block=128`, `stages=3`." in text
+    assert "| g00-c03 | mutation | block 64 -> 128 | underfilled_grid | 0.840 |" in text
+    assert "| g01-c02 | mutation | stages 2 -> 3 | stall_long_scoreboard | 0.880 |" in text
+    assert "Final check of g01-c02 (full parity tier and every sanitizer tool): pass." in text
+    assert f"Promote the winner into the variant's defaults: `{best['promote']}`" in text
+    assert "### bad" not in text
+
+
 def test_summary_prints_the_state_each_variant_was_measured_at(gpu_tree):
     """The environment record says clean; good's chain was rerun after a kernel edit (dirty):
     the summary prints good's own state and says it differs from the header's."""

@@ -550,16 +550,28 @@ def run_generation(generation: int, candidates: list[Candidate], state: SearchSt
     if spent:
         return spent
     builds = evaluator.build([c for c in todo if not c.proposal_error])
-    for candidate in todo:
-        spent = budget_spent(settings, wall(), state.gpu_seconds())
-        if spent:
-            return spent
+
+    def record(candidate: Candidate) -> None:
         outcome = evaluate(candidate, builds.get(candidate.id, {}), evaluator, clock)
         state.outcomes[candidate.id] = outcome
         store.save_outcome(candidate, outcome)
         log(f"{candidate.id} {candidate.origin} {candidate.changed or candidate.tunables}: "
             + (f"fitness {outcome['fitness']:.4f}" if outcome["status"] == "measured"
                else f"rejected by {outcome['gate']}: {outcome['reason']}"))
+
+    # What the proposer or the build already rejected costs no GPU time: recorded first, so a
+    # budget that stops the generation midway leaves no known failure out of the record.
+    built = []
+    for candidate in todo:
+        if candidate.proposal_error or builds.get(candidate.id, {}).get("status") != "pass":
+            record(candidate)
+        else:
+            built.append(candidate)
+    for candidate in built:
+        spent = budget_spent(settings, wall(), state.gpu_seconds())
+        if spent:
+            return spent
+        record(candidate)
     return None
 
 
@@ -730,7 +742,9 @@ def summary(variant: str, state: SearchState, winner: str | None, checks: list[d
         "stop": state.stop,
         "generations": len(state.generations),
         "candidates": {"proposed": len(state.candidates), "measured": len(ranked(state.outcomes)),
-                       "rejected_by": rejection_counts(state)},
+                       "rejected_by": rejection_counts(state),
+                       # proposed, but a budget stopped the search before their gates ran
+                       "not_reached": len(state.candidates) - len(state.outcomes)},
         "rejections": [{"id": cid, "gate": o["gate"], "reason": o["reason"]}
                        for cid, o in sorted(state.outcomes.items()) if o.get("status") == "rejected"],
         "defaults": {"id": DEFAULTS_ID, "fitness": defaults.get("fitness"), "speedups": defaults.get("speedups")},

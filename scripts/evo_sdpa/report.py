@@ -24,9 +24,9 @@ TEMPLATE = Path(__file__).resolve().parent / "templates" / "final_summary.md.j2"
 TOP_FINDINGS = 3
 
 
-# The files a layout names per variant: each stage's record, the build's resources, the curve of
-# an evolution run (optional).
-LAYOUT_FILES = (*STAGES, "resources", "evolve_curve")
+# The files a layout names per variant: each stage's record, the build's resources, the curve and
+# the record of an evolution run (both optional: only a search a user ran leaves them).
+LAYOUT_FILES = (*STAGES, "resources", "evolve_curve", "evolve_best")
 
 
 @dataclass(frozen=True)
@@ -350,6 +350,45 @@ def describe_state(state: dict) -> str:
     return f"git {commit}{dirty}"
 
 
+def lineage_step(step: dict) -> dict:
+    lever = step.get("lever") or {}
+    return {"id": step["id"], "origin": step["origin"],
+            "changed": ", ".join(f"{knob} {values[0]} -> {values[1]}" for knob, values in (step.get("changed") or {}).items()),
+            "finding": lever.get("finding"), "fitness": step.get("fitness")}
+
+
+def evolution_entry(name: str, best: dict) -> dict:
+    """One variant's search as the summary shows it: how it ended, what it tried and rejected, and the
+    winner with its lineage, the lever values it changed and the command that promotes it."""
+    counts = best.get("candidates") or {}
+    rejected = counts.get("rejected_by") or {}
+    not_reached = counts.get("not_reached")
+    if not_reached is None and counts:
+        not_reached = counts["proposed"] - counts["measured"] - sum(rejected.values())
+    winner = best.get("winner") or {}
+    stamp = best.get(MEASURED_AT) or {}
+    return {
+        "variant": name, "status": best.get("status"), "reasons": best.get("reasons", []),
+        "stop": best.get("stop") or {}, "candidates": counts, "rejected_by": rejected, "not_reached": not_reached,
+        "wall_seconds": best.get("wall_seconds"), "gpu_seconds": best.get("gpu_seconds"),
+        "suite": (best.get("settings") or {}).get("suite"),
+        "defaults_fitness": (best.get("defaults") or {}).get("fitness"),
+        "winner": {"id": winner["id"], "fitness": winner.get("fitness"), "over_defaults": winner.get("over_defaults"),
+                   "changed": winner.get("changed_from_defaults") or {}, "source_dir": winner.get("source_dir"),
+                   "lineage": [lineage_step(s) for s in winner.get("lineage", [])]} if winner else None,
+        "final_checks": [{"id": c["id"], "status": c["status"], "reasons": c.get("reasons", [])}
+                         for c in best.get("final_checks", [])],
+        "promote": best.get("promote"),
+        "card": (stamp.get("card") or {}).get("name") or best.get("device"),
+    }
+
+
+def evolution_entries(layout: ResultsLayout, variants: list[str]) -> list[dict]:
+    """The evolution record of each variant a search has run for (results/evolve/<v>/best.json)."""
+    return [evolution_entry(name, read_record(path)) for name in variants
+            if (path := layout.path("evolve_best", name)).exists()]
+
+
 def build_leaderboard(layout: ResultsLayout, variants: list[str], cfg: dict, suite_labels: list[str]) -> dict:
     env = read_json(layout.env)
     baseline = read_json(layout.baseline)
@@ -375,6 +414,7 @@ def build_leaderboard(layout: ResultsLayout, variants: list[str], cfg: dict, sui
         "state_notes": state_notes(env, entries),
         "card_mismatches": card_mismatches(env, baseline, entries),
         "where": where_measured(baseline, entries),
+        "evolution": evolution_entries(layout, variants),
     }
 
 

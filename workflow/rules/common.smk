@@ -160,6 +160,7 @@ def results_layout():
             "ncu": rules.ncu.output.status,
             "analysis": rules.analysis.output.json,
             "evolve_curve": rules.evolve.output.curve,
+            "evolve_best": rules.evolve.output.best,
         },
     }, sort_keys=True)
 
