@@ -12,7 +12,7 @@ import pytest
 
 from evo_sdpa import history, plots, report
 from evo_sdpa.gates import regressions
-from evo_sdpa.verdict import build_verdict, device_table
+from evo_sdpa.verdict import build_verdict, changes, device_table
 from test_gating_report import CFG, PNG_SIGNATURE, SUITE, gpu_leaderboard, gpu_tree  # noqa: F401 (fixtures)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,6 +60,20 @@ def test_a_slowdown_within_the_noise_passes():
 
 def test_a_slowdown_under_the_threshold_passes():
     assert gate(entry(p50=100.0, iqr=0.0), entry(p50=101.5, iqr=0.0)) == []
+
+
+def test_a_move_of_sdpa_itself_between_runs_is_named():
+    # Run to run on one H100 (issue 12): both runs pinned their own ratios, but SDPA's p50 moved 3.9%
+    # between them, so the card's state did; the verdict says so instead of reporting a change.
+    before, now = entry(p50=90.0), entry(p50=90.0)
+    now["variants"]["v"]["cases"][CASE]["sdpa_p50_us"] = 103.9
+    diff = history.compare(now, before, 0.02, 1.0)
+    assert [(x["variant"], x["case"], round(x["change_pct"], 1)) for x in diff["sdpa_moved"]] == [("v", CASE, 3.9)]
+    lines = changes(now, before, 0.02, 1.0)["lines"]
+    assert lines == [f"the card's state moved: SDPA's own p50 changed by more than 2% on 1 case(s) (largest +3.9%, "
+                     f"v {CASE}), so the speedups there may not repeat; time them again"]
+    now["variants"]["v"]["cases"][CASE]["sdpa_p50_us"] = 101.5
+    assert history.compare(now, before, 0.02, 1.0)["sdpa_moved"] == []
 
 
 def test_a_new_variant_passes_and_is_named():

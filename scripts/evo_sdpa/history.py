@@ -149,7 +149,8 @@ def compare(current: dict, base: dict, threshold: float, noise_multiple: float) 
     which variants' sources changed. Only entries of the same device are ever compared."""
     if current["device"] != base["device"]:
         raise StageError(f"history: cannot compare a run on {current['device']} with one on {base['device']}")
-    out: dict = {"regressions": [], "speedups": [], "new": [], "changed_sources": [], "no_longer_correct": []}
+    out: dict = {"regressions": [], "speedups": [], "new": [], "changed_sources": [], "no_longer_correct": [],
+                 "sdpa_moved": []}
     for name, var in current["variants"].items():
         old = base["variants"].get(name)
         if old is None:
@@ -171,6 +172,12 @@ def compare(current: dict, base: dict, threshold: float, noise_multiple: float) 
                 out["regressions"].append(line)
             elif regressed(was, case, threshold, noise_multiple):
                 out["speedups"].append(line)
+            # SDPA runs the same code in both runs: when its own time moved, the card's state did, and
+            # a ratio there may not repeat even though each run pinned its own (issue 12).
+            sdpa_now, sdpa_was = case.get("sdpa_p50_us"), was.get("sdpa_p50_us")
+            if sdpa_now and sdpa_was and abs(sdpa_now / sdpa_was - 1.0) > threshold:
+                out["sdpa_moved"].append({"variant": name, "case": key, "before_us": sdpa_was, "now_us": sdpa_now,
+                                          "change_pct": 100.0 * (sdpa_now / sdpa_was - 1.0)})
     return out
 
 

@@ -101,6 +101,11 @@ def changes(current: dict, previous: dict | None, threshold: float, noise_multip
     lines += [f"sources changed: {', '.join(diff['changed_sources'])}"] if diff["changed_sources"] else []
     lines += [f"new: {', '.join(diff['new'])}"] if diff["new"] else []
     lines += [f"no longer correct: {', '.join(diff['no_longer_correct'])}"] if diff["no_longer_correct"] else []
+    if diff["sdpa_moved"]:
+        top = max(diff["sdpa_moved"], key=lambda x: abs(x["change_pct"]))
+        lines.append(f"the card's state moved: SDPA's own p50 changed by more than {threshold:.0%} on "
+                     f"{len(diff['sdpa_moved'])} case(s) (largest {top['change_pct']:+.1f}%, {top['variant']} "
+                     f"{top['case']}), so the speedups there may not repeat; time them again")
     if not lines:
         lines = ["no change beyond the threshold and the noise"]
     commit = (previous.get("commit") or "unknown")[:12]
