@@ -13,10 +13,20 @@ from .errors import StageError
 SCHEMA_DIR = Path(__file__).resolve().parents[2] / "workflow" / "schemas"
 
 
+# libyaml's loader where PyYAML was built with it: every snakemake call (a dry run included) reads
+# each variant.yaml and schema, and the pure-Python loader was most of that time.
+_SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def load_yaml(text):
+    """yaml.safe_load, through libyaml when available (the same safe subset of YAML)."""
+    return yaml.load(text, Loader=_SAFE_LOADER)
+
+
 @lru_cache(maxsize=None)
 def load_schema(name: str) -> dict:
     with open(SCHEMA_DIR / name) as handle:
-        return yaml.safe_load(handle)
+        return load_yaml(handle)
 
 
 def key_path(path) -> str:

@@ -7,7 +7,7 @@ from pathlib import Path
 import yaml
 
 from .errors import StageError
-from .schema import load_schema, validate, with_defaults
+from .schema import load_schema, load_yaml, validate, with_defaults
 
 REPO = Path(__file__).resolve().parents[2]
 KERNELS_DIR = REPO / "kernels"
@@ -84,7 +84,7 @@ def load_variant(folder: Path) -> Variant:
         raise StageError(f"{rel}: missing; every folder under kernels/ needs one "
                          f"(see README.md, 'Adding a variant')")
     try:
-        meta = yaml.safe_load(meta_path.read_text())
+        meta = load_yaml(meta_path.read_text())
     except yaml.YAMLError as exc:
         raise StageError(f"{rel}: not valid YAML ({str(exc).splitlines()[0]})") from exc
     if not isinstance(meta, dict):
