@@ -1,10 +1,12 @@
-"""A/B sweep of one CUDA variant's compile-time configurations, in one process on one GPU.
+"""A/B sweep of one variant's configurations, in one process on one GPU.
 
 Not a pipeline stage: the pipeline gates and measures a variant as its variant.yaml builds it.
 This builds (or loads) several configurations of one variant: tunable overrides (`--set`, checked
 against each knob's declared values; the rest keep their variant.yaml defaults) built by the build
-stage's own code, raw nvcc flags as an escape hatch (`--flags`; a -D of a tunable's macro becomes
-that tunable's override), or prebuilt libraries; `--compare` adds other CUDA variants as their
+stage's own code (a Triton variant's are its launch configuration, bound to its forward as the
+runner binds them: Triton compiles each at its first launch), raw nvcc flags as an escape hatch
+for CUDA variants (`--flags`; a -D of a tunable's macro becomes that tunable's override), or
+prebuilt libraries; `--compare` adds other CUDA variants as their
 variant.yaml builds them (the rung below, say). It runs each through a parity tier of the config
 (the parity stage's own cases for the build's variant and its tolerance rule; every failure is
 listed), then times every configuration that passed and SDPA's default backend interleaved in one
@@ -38,7 +40,7 @@ from evo_sdpa.build import build_cuda  # noqa: E402
 from evo_sdpa.config import check_config  # noqa: E402
 from evo_sdpa.errors import StageError  # noqa: E402
 from evo_sdpa.parity import build_matrix, run_case  # noqa: E402
-from evo_sdpa.runners import sdpa_call  # noqa: E402
+from evo_sdpa.runners import load_forward, load_triton_module, sdpa_call  # noqa: E402
 from evo_sdpa.tolerance import ToleranceRule  # noqa: E402
 from evo_sdpa.tunables import changed, parse_assignments, resolve, split_define_flags  # noqa: E402
 from evo_sdpa.variants import KERNELS_DIR, REPO, Variant, load_variant  # noqa: E402
@@ -101,6 +103,14 @@ def overrides_of(variant: Variant, spec: dict) -> tuple[dict[str, int], list[str
 
 def build_config(variant: Variant, name: str, overrides: dict[str, int], flags: list[str], cc: str,
                  build_cfg: dict, allow_spills: bool = False) -> dict:
+    if variant.kind == "triton":
+        if flags:
+            raise StageError(f"--flags {' '.join(flags)!r} for {variant.name}: a Triton variant has no nvcc "
+                             f"flags; its launch configuration is its tunables (--set)")
+        # Nothing to compile ahead: Triton compiles each configuration at its first launch (parity).
+        values = resolve(variant, overrides)
+        return {"name": name, "variant": variant.name, "set": changed(variant, values), "flags": [],
+                "verdict": {"status": "pass", "reasons": [], "tunables": values}, "registers": [], "spill_bytes": 0}
     outdir = BUILD_DIR / variant.name / name
     outdir.mkdir(parents=True, exist_ok=True)
     verdict, resources, log = build_cuda(with_flags(variant, flags, allow_spills), cc, outdir,
@@ -110,6 +120,20 @@ def build_config(variant: Variant, name: str, overrides: dict[str, int], flags: 
     spills = sum(r["spill_store_bytes"] + r["spill_load_bytes"] for r in resources)
     return {"name": name, "variant": variant.name, "set": changed(variant, verdict.get("tunables", {})), "flags": flags,
             "verdict": verdict, "registers": regs, "spill_bytes": spills}
+
+
+def triton_resources_ok(build: dict, variant: Variant, allow_spills: bool) -> bool:
+    """A Triton configuration's kernels as compiled so far (by its parity run, or the first timed
+    call): their registers and spills go into the record, and spills keep it out of the timing, as
+    the build gate would."""
+    launched = [r for r in load_triton_module(variant).compiled_resources()
+                if r.get("tunables") == build["verdict"]["tunables"]]
+    build["registers"] = sorted({r["registers"] for r in launched if r.get("registers") is not None})
+    build["spill_bytes"] = sum(r.get("spill_bytes") or 0 for r in launched)
+    if build["spill_bytes"] and not allow_spills:
+        print(f"{build['name']:>14}: {build['spill_bytes']} B of spills: not timed (--allow-spills times it)")
+        return False
+    return True
 
 
 def parity(forward, variant: Variant, tier: dict, rule: ToleranceRule) -> dict:
@@ -196,6 +220,8 @@ def main() -> int:
                                                          args.allow_spills), jobs))
     for b, other in zip(builds[len(builds) - len(others):], others):
         b["name"] = other.name
+    if args.artifact and variant.kind != "cuda":
+        raise StageError(f"--artifact: {variant.name} is a {variant.kind} variant; prebuilt libraries are CUDA's")
     for spec in args.artifact:
         name, path = spec.split("=", 1)
         builds.append({"name": name, "variant": variant.name, "set": {}, "flags": [],
@@ -213,15 +239,19 @@ def main() -> int:
               f"regs {b['registers']} spills {b['spill_bytes']} B sass {verdict.get('sass', {})} {verdict.get('compile_seconds', '')}s")
         if verdict["status"] != "pass":
             continue
-        forward = CudaVariant(verdict["artifact"])
+        owner = owners[b["name"]]
+        forward = (load_forward(owner, None, verdict["tunables"]) if owner.kind == "triton"
+                   else CudaVariant(verdict["artifact"]))
         if args.tier != "none":
-            result = parity(forward, owners[b["name"]], config["parity"]["tiers"][args.tier], rule)
+            result = parity(forward, owner, config["parity"]["tiers"][args.tier], rule)
             report["parity"][b["name"]] = result
             print(f"{b['name']:>14}: parity {result['cases'] - len(result['failed'])}/{result['cases']} pass")
             for r in result["failed"][:12]:
                 print(f"      FAIL {r['id']}: {r.get('reason') or r.get('error') or r.get('max_abs_err')}")
             if result["failed"]:
                 continue
+        if owner.kind == "triton" and not triton_resources_ok(b, owner, args.allow_spills):
+            continue
         forwards[b["name"]] = forward
 
     timing = dict(config["timing"], **SWEEP_TIMING)

@@ -160,6 +160,20 @@ def test_ab_sweep_builds_land_where_ab_profile_looks(tmp_path, monkeypatch):
     assert [name for name, _ in profile.resolve_libs(args)] == ["v3_mma/default"]
 
 
+def test_ab_sweep_triton_configurations_are_launch_configurations():
+    """A Triton variant's configuration compiles nothing ahead: its tunables are resolved (checked
+    against variant.yaml) and bound to the forward; nvcc flags are refused in one line."""
+    module = load_script("ab_sweep")
+    triton = load_variant(KERNELS_DIR / "triton_flash")
+    record = module.build_config(triton, "wide", {"BLOCK_M": 128, "num_warps": 8}, [], "9.0", {})
+    assert record["verdict"]["status"] == "pass" and record["set"] == {"BLOCK_M": 128, "num_warps": 8}
+    assert record["verdict"]["tunables"]["BLOCK_N"] == triton.meta["tunables"]["BLOCK_N"]["default"]
+    with pytest.raises(StageError, match="a Triton variant has no nvcc flags"):
+        module.build_config(triton, "x", {}, ["-O0"], "9.0", {})
+    with pytest.raises(StageError):
+        module.build_config(triton, "x", {"BLOCK_M": 48}, [], "9.0", {})
+
+
 # ---------------------------------------------------------------- tools live in scripts/
 
 
