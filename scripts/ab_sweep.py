@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import yaml  # noqa: E402
 
-from evo_sdpa.build import build_cuda  # noqa: E402
+from evo_sdpa.build import build_cuda, build_triton  # noqa: E402
 from evo_sdpa.config import check_config  # noqa: E402
 from evo_sdpa.errors import StageError  # noqa: E402
 from evo_sdpa.parity import build_matrix, run_case  # noqa: E402
-from evo_sdpa.runners import load_forward, load_triton_module, sdpa_call  # noqa: E402
+from evo_sdpa.runners import load_forward, sdpa_call  # noqa: E402
 from evo_sdpa.tolerance import ToleranceRule  # noqa: E402
 from evo_sdpa.tunables import changed, parse_assignments, resolve, split_define_flags  # noqa: E402
 from evo_sdpa.variants import KERNELS_DIR, REPO, Variant, load_variant  # noqa: E402
@@ -107,7 +107,7 @@ def build_config(variant: Variant, name: str, overrides: dict[str, int], flags: 
         if flags:
             raise StageError(f"--flags {' '.join(flags)!r} for {variant.name}: a Triton variant has no nvcc "
                              f"flags; its launch configuration is its tunables (--set)")
-        # Nothing to compile ahead: Triton compiles each configuration at its first launch (parity).
+        # Compiled on the GPU before parity, one configuration at a time (triton_build).
         values = resolve(variant, overrides)
         return {"name": name, "variant": variant.name, "set": changed(variant, values), "flags": [],
                 "verdict": {"status": "pass", "reasons": [], "tunables": values}, "registers": [], "spill_bytes": 0}
@@ -122,18 +122,14 @@ def build_config(variant: Variant, name: str, overrides: dict[str, int], flags: 
             "verdict": verdict, "registers": regs, "spill_bytes": spills}
 
 
-def triton_resources_ok(build: dict, variant: Variant, allow_spills: bool) -> bool:
-    """A Triton configuration's kernels as compiled so far (by its parity run, or the first timed
-    call): their registers and spills go into the record, and spills keep it out of the timing, as
-    the build gate would."""
-    launched = [r for r in load_triton_module(variant).compiled_resources()
-                if r.get("tunables") == build["verdict"]["tunables"]]
-    build["registers"] = sorted({r["registers"] for r in launched if r.get("registers") is not None})
-    build["spill_bytes"] = sum(r.get("spill_bytes") or 0 for r in launched)
-    if build["spill_bytes"] and not allow_spills:
-        print(f"{build['name']:>14}: {build['spill_bytes']} B of spills: not timed (--allow-spills times it)")
-        return False
-    return True
+def triton_build(build: dict, variant: Variant, allow_spills: bool) -> None:
+    """The build stage's Triton build of one configuration, on this GPU: every supported
+    specialisation compiled by one launch, its registers and spills read back (spills fail it,
+    as the build gate would, unless allow_spills). One at a time: each launches kernels."""
+    verdict, resources, _ = build_triton(variant, allow_spills, build["verdict"]["tunables"])
+    build["verdict"] = verdict
+    build["registers"] = sorted({r["registers"] for r in resources if r.get("registers") is not None})
+    build["spill_bytes"] = sum(r.get("spill_bytes") or 0 for r in resources)
 
 
 def parity(forward, variant: Variant, tier: dict, rule: ToleranceRule) -> dict:
@@ -232,6 +228,9 @@ def main() -> int:
     report = {"device": torch.cuda.get_device_name(), "variant": variant.name, "builds": builds,
               "parity": {}, "timings": []}
 
+    for b in builds:
+        if owners[b["name"]].kind == "triton":
+            triton_build(b, owners[b["name"]], args.allow_spills)
     forwards = {}
     for b in builds:
         verdict = b["verdict"]
@@ -250,8 +249,6 @@ def main() -> int:
                 print(f"      FAIL {r['id']}: {r.get('reason') or r.get('error') or r.get('max_abs_err')}")
             if result["failed"]:
                 continue
-        if owner.kind == "triton" and not triton_resources_ok(b, owner, args.allow_spills):
-            continue
         forwards[b["name"]] = forward
 
     timing = dict(config["timing"], **SWEEP_TIMING)

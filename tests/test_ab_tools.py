@@ -174,6 +174,25 @@ def test_ab_sweep_triton_configurations_are_launch_configurations():
         module.build_config(triton, "x", {"BLOCK_M": 48}, [], "9.0", {})
 
 
+def test_ab_sweep_triton_configurations_go_through_the_build_stage(monkeypatch):
+    """On the GPU a Triton configuration is compiled by the build stage's build_triton before its
+    parity: a spilling one comes back failed (so it is never timed) with its registers and spills."""
+    module = load_script("ab_sweep")
+    triton = load_variant(KERNELS_DIR / "triton_flash")
+    record = module.build_config(triton, "n128", {"BLOCK_N": 128}, [], "9.0", {})
+    seen = []
+
+    def fake_build_triton(variant, allow_spills, tunable_values):
+        seen.append((variant.name, allow_spills, tunable_values))
+        return ({"status": "fail", "reasons": ["register spills in _triton_flash_fwd"], "tunables": tunable_values},
+                [{"registers": 255, "spill_bytes": 224, "tunables": tunable_values}], "")
+
+    monkeypatch.setattr(module, "build_triton", fake_build_triton)
+    module.triton_build(record, triton, False)
+    assert seen == [("triton_flash", False, record["verdict"]["tunables"])]
+    assert record["verdict"]["status"] == "fail" and record["spill_bytes"] == 224 and record["registers"] == [255]
+
+
 # ---------------------------------------------------------------- tools live in scripts/
 
 

@@ -503,3 +503,37 @@ def test_nvcc_stopped_by_a_signal_marks_the_verdict_interrupted(tmp_path: Path, 
     monkeypatch.setattr(build, "run_nvcc", lambda *args: ([build.Step(["nvcc"], 2, "error: planted", 0.1), done], None))
     refused, _, _ = build_cuda(variant, "9.0", tmp_path / "again")
     assert refused["status"] == "fail" and "interrupted" not in refused
+
+
+def test_the_triton_build_compiles_every_seq_len_specialisation(monkeypatch) -> None:
+    """Triton compiles one binary per S == 1, S % 16 == 0 and other S: the build launches each
+    (dtype, D, causal) at all three, so a spill in the S=17 binary alone fails the build (on an
+    H100 a 128-key D=128 configuration spilled 224 bytes at S=17 and none at S=128)."""
+    import types
+
+    import torch
+
+    from evo_sdpa import inputs, runners
+
+    launched = []
+
+    def forward(q, k, v, out, causal, scale, tunables=None):
+        launched.append((q.dtype, q.shape[-1], causal, q.shape[2]))
+
+    def compiled_resources():
+        spills = 224 if any(s % 16 and s != 1 for *_, s in launched) else 0
+        return [{"kernel": "_triton_flash_fwd", "registers": 255, "spill_bytes": spills, "tunables": values}]
+
+    module = types.SimpleNamespace(forward=forward, compiled_resources=compiled_resources)
+    variant = load_variant(KERNELS_DIR / "triton_flash")
+    values = {name: knob["default"] for name, knob in variant.meta["tunables"].items()}
+    monkeypatch.setattr(build, "cuda_available", lambda: True)
+    monkeypatch.setattr(runners, "load_triton_module", lambda v: module)
+    monkeypatch.setattr(inputs, "make_qkv", lambda B, H, S, D, dtype, device, seed: tuple(
+        torch.zeros(B, H, S, D, dtype=dtype) for _ in range(3)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    verdict, resources, log = build.build_triton(variant, allow_spills=False)
+    support = variant.support
+    cases = len(support["dtypes"]) * len(support["head_dims"]) * len(support["causal"])
+    assert sorted({s for *_, s in launched}) == [1, 17, 128] and len(launched) == 3 * cases
+    assert verdict["status"] == "fail" and verdict["reasons"] == ["register spills in _triton_flash_fwd"]

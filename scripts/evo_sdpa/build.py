@@ -232,6 +232,13 @@ def build_triton(variant: Variant, allow_spills: bool,
     return verdict, resources, text
 
 
+# Triton specialises an integer argument equal to 1 and one divisible by 16, so one kernel source
+# compiles to up to three binaries per configuration, each with its own registers and spills. One
+# launch per case compiles each: at S=128 alone, a 128-key D=128 configuration measured no spills
+# while its S=17 binary spilled 224 bytes on an H100 (ab_sweep, this session).
+TRITON_PROBE_SEQ_LENS = (1, 17, 128)
+
+
 def _build_triton(variant: Variant, allow_spills: bool, values: dict[str, int]) -> tuple[dict, list[dict], str]:
     import traceback
 
@@ -266,9 +273,11 @@ def _build_triton(variant: Variant, allow_spills: bool, values: dict[str, int]) 
         for dtype in s["dtypes"]:
             for D in s["head_dims"]:
                 for causal in s["causal"]:
-                    q, k, v = make_qkv(1, 1, 128, D, torch_dtype(dtype), "cuda", 0)
-                    forward(q, k, v, torch.empty_like(q), causal, 1.0 / math.sqrt(D))
-                    log_lines.append(f"compiled {dtype} D={D} causal={causal}")
+                    for seq_len in TRITON_PROBE_SEQ_LENS:
+                        q, k, v = make_qkv(1, 1, seq_len, D, torch_dtype(dtype), "cuda", 0)
+                        forward(q, k, v, torch.empty_like(q), causal, 1.0 / math.sqrt(D))
+                    log_lines.append(f"compiled {dtype} D={D} causal={causal} "
+                                     f"(S={', '.join(map(str, TRITON_PROBE_SEQ_LENS))})")
         torch.cuda.synchronize()
     except Exception as exc:
         text = traceback.format_exc()
