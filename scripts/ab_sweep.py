@@ -191,6 +191,8 @@ def main() -> int:
     args = argument_parser().parse_args()
     variant = load_variant(KERNELS_DIR / args.variant)
     others = compared_variants(variant, args.compare)
+    if args.artifact and variant.kind != "cuda":
+        raise StageError(f"--artifact: {variant.name} is a {variant.kind} variant; prebuilt libraries are CUDA's")
     # (variant, name, overrides, flags); a compared variant builds its defaults under <its name>/default
     jobs = [(variant, spec["name"], *overrides_of(variant, spec)) for spec in getattr(args, "configs", None) or []]
     check_names([job[1] for job in jobs] + [other.name for other in others]
@@ -216,8 +218,6 @@ def main() -> int:
                                                          args.allow_spills), jobs))
     for b, other in zip(builds[len(builds) - len(others):], others):
         b["name"] = other.name
-    if args.artifact and variant.kind != "cuda":
-        raise StageError(f"--artifact: {variant.name} is a {variant.kind} variant; prebuilt libraries are CUDA's")
     for spec in args.artifact:
         name, path = spec.split("=", 1)
         builds.append({"name": name, "variant": variant.name, "set": {}, "flags": [],

@@ -361,15 +361,12 @@ def evolution_entry(name: str, best: dict) -> dict:
     """One variant's search as the summary shows it: how it ended, what it tried and rejected, and the
     winner with its lineage, the lever values it changed and the command that promotes it."""
     counts = best.get("candidates") or {}
-    rejected = counts.get("rejected_by") or {}
-    not_reached = counts.get("not_reached")
-    if not_reached is None and counts:
-        not_reached = counts["proposed"] - counts["measured"] - sum(rejected.values())
     winner = best.get("winner") or {}
     stamp = best.get(MEASURED_AT) or {}
     return {
         "variant": name, "status": best.get("status"), "reasons": best.get("reasons", []),
-        "stop": best.get("stop") or {}, "candidates": counts, "rejected_by": rejected, "not_reached": not_reached,
+        "stop": best.get("stop") or {}, "candidates": counts, "rejected_by": counts.get("rejected_by") or {},
+        "not_reached": counts.get("not_reached"),   # records before it was counted have none
         "wall_seconds": best.get("wall_seconds"), "gpu_seconds": best.get("gpu_seconds"),
         "suite": (best.get("settings") or {}).get("suite"),
         "defaults_fitness": (best.get("defaults") or {}).get("fitness"),
