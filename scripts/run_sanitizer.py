@@ -27,6 +27,7 @@ def main() -> None:
     log = setup_logging()
     hold_card(f"sanitizer {args.variant}", log)
     cfg = args.config_json["sanitizer"]
+    variant = load_variant(KERNELS_DIR / args.variant)
     cause = blocked_by(build=args.build)
     if not args.enabled:
         result = skipped("disabled in the config (stages.sanitizer: false)", disabled=True)
@@ -42,9 +43,9 @@ def main() -> None:
         log_dir = Path(args.verdict).parent
         log_dir.mkdir(parents=True, exist_ok=True)
         result = verdict(run_tools(sanitizer, cfg["tools"], cfg["padding_bytes"], target, log_dir))
-        result.update(shape=shape, padding_bytes=cfg["padding_bytes"],
+        result.update(shape=shape, variant_shapes=variant.sanitizer_shapes, padding_bytes=cfg["padding_bytes"],
                       environment="PYTORCH_NO_CUDA_MEMORY_CACHING=1")
-    stamp(result, variant_inputs(load_variant(KERNELS_DIR / args.variant)), measured_on_card="tools" in result)
+    stamp(result, variant_inputs(variant), measured_on_card="tools" in result)
     result["variant"] = args.variant
     log.info("sanitizer %s: %s %s", args.variant, result["status"], "; ".join(result["reasons"]))
     write_json(args.verdict, result)

@@ -21,26 +21,15 @@
 
 #include "key_split.cuh"
 #include "sm80_online_softmax.cuh"
+#include "sm90_cluster.cuh"
 #include "tile_traits.cuh"
 
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-#define V4_PIPELINED_HAS_CLUSTERS 1
-#else
-#define V4_PIPELINED_HAS_CLUSTERS 0
-#endif
+#define V4_PIPELINED_HAS_CLUSTERS EVO_SM90_HAS_CLUSTERS
 
 namespace v4_pipelined {
 
-// The key tiles [begin, end) that split `rank` of `splits` takes out of [0, steps): contiguous
-// shares differing by at most one tile (a rank may get none: its state stays empty, max -inf).
-struct KeyShare {
-    int begin;
-    int end;
-};
-
-__host__ __device__ __forceinline__ KeyShare key_share(int steps, int rank, int splits) {
-    return KeyShare{rank * steps / splits, (rank + 1) * steps / splits};
-}
+using evo_sm90::KeyShare;
+using evo_sm90::key_share;
 
 // The shared memory of a cluster-split CTA past the pipeline's stages: receive slots for the
 // states other ranks push (at most kRowWarps - 1: each of the kRowWarps / S owned warps takes
@@ -68,18 +57,8 @@ struct ClusterLayout {
 };
 
 #if V4_PIPELINED_HAS_CLUSTERS
-__device__ __forceinline__ int cluster_rank() {
-    uint32_t rank;
-    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
-    return static_cast<int>(rank);
-}
-
-// The shared::cluster address of `local_smem` (a shared::cta address) in CTA `rank`.
-__device__ __forceinline__ uint32_t map_to_rank(uint32_t local_smem, int rank) {
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(local_smem), "r"(rank));
-    return remote;
-}
+using evo_sm90::cluster_rank;
+using evo_sm90::map_to_rank;
 
 // Entry: one thread initialises this CTA's barriers, each expecting the bytes of its owned warp
 // (one arrival, made here); the fence publishes the initialisation to the cluster before the
@@ -89,21 +68,15 @@ __device__ __forceinline__ void cluster_split_enter(uint32_t smem_base, int spli
     using L = ClusterLayout<Tr>;
     if (threadIdx.x == 0) {
         for (int owned = 0; owned < Tr::kRowWarps / splits; ++owned) {
-            const uint32_t barrier = smem_base + L::barrier_offset(owned);
-            asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(barrier) : "memory");
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier),
-                         "r"(L::bytes_per_owned_warp(splits))
-                         : "memory");
+            evo_sm90::init_receive_barrier(smem_base + L::barrier_offset(owned), L::bytes_per_owned_warp(splits));
         }
-        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+        evo_sm90::fence_barrier_init();
     }
-    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+    evo_sm90::cluster_arrive_relaxed();
 }
 
 // After the key loop, every thread of the CTA: from here on every rank's barriers exist.
-__device__ __forceinline__ void cluster_split_ready() {
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
+__device__ __forceinline__ void cluster_split_ready() { evo_sm90::cluster_wait(); }
 
 // After cluster_split_ready, by the warps that hold the CTA's final state of their rows (key
 // group 0). Returns true in the owner of the warp's rows, whose registers then hold the merged
@@ -120,24 +93,14 @@ __device__ __forceinline__ bool merge_cluster_states(uint32_t smem_base, const c
         const uint32_t slot = map_to_rank(smem_base + L::slot_offset(owned, rank, owner, splits), owner);
         const uint32_t barrier = map_to_rank(smem_base + L::barrier_offset(owned), owner);
         const auto push = [&](int chunk, float a, float b, float c, float d) {
-            asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];"
-                         ::"r"(slot + (chunk * kWarpSize + lane) * 16), "f"(a), "f"(b), "f"(c), "f"(d), "r"(barrier)
-                         : "memory");
+            evo_sm90::push_v4(slot + (chunk * kWarpSize + lane) * 16, a, b, c, d, barrier);
         };
         push(0, softmax.running_max[0], softmax.running_max[1], softmax.running_sum[0], softmax.running_sum[1]);
 #pragma unroll
         for (int d = 0; d < Tr::kOutTiles; ++d) push(1 + d, o[d][0], o[d][1], o[d][2], o[d][3]);
         return false;
     }
-    const uint32_t barrier = smem_base + L::barrier_offset(owned);
-    uint32_t done = 0;
-    while (!done) {
-        asm volatile(
-            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}"
-            : "=r"(done)
-            : "r"(barrier)
-            : "memory");
-    }
+    evo_sm90::wait_barrier<0>(smem_base + L::barrier_offset(owned));
     for (int src = 0; src < splits; ++src) {
         if (src == rank) continue;
         const float4* chunks = reinterpret_cast<const float4*>(smem + L::slot_offset(owned, src, rank, splits));

@@ -97,7 +97,7 @@ v4_pipelined_attention_fwd(const typename Tr::elem_t* __restrict__ q, const type
 #if V4_PIPELINED_PDL
     // Programmatic dependent launch: this grid may start while the previous kernel on the stream
     // finishes; nothing is read before that kernel is complete and its writes visible.
-    asm volatile("griddepcontrol.wait;" ::: "memory");
+    evo_sm90::wait_for_previous_grid();
 #endif
 #endif
     const CtaCoords cta = cta_coords(kClusterSplit ? key_splits : 1);
@@ -143,7 +143,7 @@ v4_pipelined_attention_fwd(const typename Tr::elem_t* __restrict__ q, const type
 #if V4_PIPELINED_HAS_CLUSTERS && V4_PIPELINED_PDL
     // The next kernel may be launched once every CTA is here: it overlaps this grid's merge and
     // epilogue (a trigger at entry let it hold SM slots for the whole kernel: slower, NOTES.md).
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+    evo_sm90::allow_next_grid();
 #endif
     pipe.drain();  // the stages are free: the spare tile stages O, the others hold partial states
 #if V4_PIPELINED_HAS_CLUSTERS

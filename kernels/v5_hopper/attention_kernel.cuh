@@ -10,6 +10,9 @@
 //     P V of tile n+1's predecessor, so P V runs under the softmax; with ping-pong the two
 //     warp groups take turns issuing, so one's softmax runs under the other's products.
 //
+// With key_split, a small non-causal grid runs clusters of 2 or 4 CTAs per query tile, each over
+// a share of its key tiles, merged in the owner of each warp's rows (cluster_merge.cuh).
+//
 // Key tiles are visited from the last (the masked ones) down to the first. With a persistent
 // grid a CTA runs several query tiles: the rings' states, the barriers and the issue rotation
 // carry over, and the producer loads the next tile's first K and V tiles (and, once the
@@ -21,6 +24,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "cluster_merge.cuh"
 #include "epilogue.cuh"
 #include "fragment_views.cuh"
 #include "kernel_traits.cuh"
@@ -63,7 +67,7 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
     const auto shape_qk = make_shape(params.seq_len, int(Traits::kHeadDim), params.heads, params.batch);
     Tensor mQ = params.tma_q.get_tma_tensor(shape_qk);
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});   // (M, D, buffers)
-    const TileScheduler<Traits::kBlockM, kCausal, typename Traits::Params> scheduler{params};
+    const TileScheduler<Traits, kCausal> scheduler{params};
     int tile_count = 0;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
@@ -89,7 +93,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
 
-    const TileScheduler<Traits::kBlockM, kCausal, typename Traits::Params> scheduler{params};
+    const TileScheduler<Traits, kCausal> scheduler{params};
     auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t)) {
         const TileCoord tile = scheduler.coord(t);
@@ -101,7 +105,8 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
 
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
-        for (int n = keys.end() - 1; n >= 0; --n) {
+        const evo_sm90::KeyShare span = scheduler.key_span(keys);
+        for (int n = span.end - 1; n >= span.begin; --n) {
             pipeline_k.producer_acquire(write);
             copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
             pipeline_v.producer_acquire(write);
@@ -112,6 +117,25 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
     // Do not leave while a consumer may still wait on a stage this thread filled.
     pipeline_k.producer_tail(write);
     pipeline_v.producer_tail(write);
+}
+
+// A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
+// a cluster of one, sends every release to block 0 of the cluster: in a split cluster that is
+// another CTA's ring, and this CTA's producer would wait for its stages forever (a hang on the
+// H100, run 20). The arrival count is the same (every consumer thread, once per stage).
+// Programmatic dependent launch, in the split kernels only: the two instructions alone made the
+// causal kernels about 2 us slower per call in eager timing, launched without it (NOTES.md, run 22).
+template <class Traits>
+constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
+
+template <class Traits>
+__device__ void release_stage(typename Traits::Pipeline& pipeline, typename Traits::Pipeline::SharedStorage& ring,
+                              typename Traits::PipelineState const& state) {
+    if constexpr (Traits::kSplit) {
+        ring.empty_barrier_[state.index()].arrive();
+    } else {
+        pipeline.consumer_release(state);
+    }
 }
 
 template <class Traits, bool kCausal>
@@ -144,12 +168,13 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     constexpr bool kPingpong = kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL;
     const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{consumer_thread / cutlass::NumThreadsPerWarpGroup};
 
-    const TileScheduler<Traits::kBlockM, kCausal, typename Traits::Params> scheduler{params};
+    const TileScheduler<Traits, kCausal> scheduler{params};
     typename Traits::PipelineState read_k;   // K and V stages advance together
     int tile_count = 0;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
+        const evo_sm90::KeyShare span = scheduler.key_span(keys);
         OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
@@ -158,7 +183,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
-        int n = keys.end() - 1;
+        int n = span.end - 1;
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         turn.wait();
@@ -166,14 +191,14 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         turn.pass();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
-        pipeline_k.consumer_release(read_k);
+        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
         if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
         softmax.template update<true>(s_rc, o_scale);
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);
         auto read_v = read_k;
         ++read_k;
 
-        for (--n; n >= 0; --n) {
+        for (--n; n >= span.begin; --n) {
             pipeline_k.consumer_wait(read_k);
             pipeline_v.consumer_wait(read_v);
             turn.wait();
@@ -182,12 +207,12 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             turn.pass();
             warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
             warpgroup_fence_operand(tSrS);
-            pipeline_k.consumer_release(read_k);
+            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
             const bool rescaled = softmax.template update<false>(s_rc, o_scale);
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
-            pipeline_v.consumer_release(read_v);
+            release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
             // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
             if (!V5_HOPPER_LAZY_RESCALE || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
             tOrP = convert_to_a_operand<Element>(tSrS);
@@ -204,7 +229,14 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (!turn.is_last()) turn.pass();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
-        pipeline_v.consumer_release(read_v);
+        release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
+        if constexpr (Traits::kSplit) {
+            // The next grid may start launching once every CTA has passed its key loop (earlier, its
+            // CTAs would wait on SMs this grid still needs: v4_pipelined's NOTES.md, runs 6-7).
+            if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
+            const ClusterMerge<Traits> cluster{shared, params.key_splits};
+            if (!cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32)) return;
+        }
 
         float inv_sum[kRows];
         softmax.inverse_sums(inv_sum);
@@ -253,6 +285,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
             Traits::BarrierQ::init(&shared.barrier_q[b], 1);
             Traits::BarrierQEmpty::init(&shared.barrier_q_empty[b], Traits::kConsumerThreads);
         }
+        if constexpr (Traits::kSplit) ClusterMerge<Traits>{shared, params.key_splits}.init_barriers();
     }
     // Barriers first, pipeline objects later: built after setmaxnreg, inside each role's branch,
     // nothing but the kernel parameters stays live across the register reallocation (values that
@@ -262,6 +295,10 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         Pipeline::init_barriers(shared.pipeline_v, pipeline_params<Traits>(true, false, Traits::kTmaBytesV), Shape<_1, _1, _1>{});
     }
     __syncthreads();   // every barrier initialised before anyone arrives on or waits for one
+    if constexpr (Traits::kSplit) evo_sm90::cluster_arrive_relaxed();
+    // Programmatic dependent launch: this grid may have started while the previous kernel on the
+    // stream was finishing; nothing is read or written in global memory before it has completed.
+    if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
 
     if (warp_group == 0) {
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();

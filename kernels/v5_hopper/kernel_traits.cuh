@@ -17,7 +17,9 @@ namespace v5_hopper {
 
 using namespace cute;
 
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_>
+// kSplit_: the kernel of a cluster key split (cluster_merge.cuh): the CTAs of a cluster share one
+// query tile's key tiles and merge their states; one query tile per CTA, so one Q buffer.
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kSplit_ = false>
 struct KernelTraits {
     using Element = Element_;
     using ElementAccum = float;
@@ -26,6 +28,7 @@ struct KernelTraits {
     static constexpr int kBlockM = kBlockM_;          // query rows per CTA: 64 per consumer warp group
     static constexpr int kBlockN = kBlockN_;          // keys per pipeline stage
     static constexpr int kStages = kStages_;
+    static constexpr bool kSplit = kSplit_;
     static constexpr int kConsumerWarpGroups = kBlockM / 64;
     static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
     static constexpr int kThreads = kConsumerThreads + cutlass::NumThreadsPerWarpGroup;  // + the producer
@@ -69,7 +72,7 @@ struct KernelTraits {
     static constexpr int kSumChains = V5_HOPPER_SUM_CHAINS;
     static_assert(kSumChains == 1 || kSumChains == 4, "tile sum chains: 1 or 4");
     // Q buffers: with two, the Q thread loads the next query tile's Q while this one's is in use.
-    static constexpr int kQBuffers = V5_HOPPER_Q_BUFFERS;
+    static constexpr int kQBuffers = kSplit ? 1 : V5_HOPPER_Q_BUFFERS;
     static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q buffers");
     // The Q buffer of a CTA's tile_count-th query tile, and how often that buffer served before:
     // the Q thread waits for use - 1 to be released, the consumers for use to land (phase use & 1).
@@ -109,7 +112,7 @@ struct KernelTraits {
 
     // The epilogue's O: one 64-row slab per consumer warp group, each stored by its own TMA box,
     // so a warp group never waits for another to finish its tile (the ping-pong offset stays).
-    static constexpr bool kTmaEpilogue = V5_HOPPER_TMA_EPILOGUE;
+    static constexpr bool kTmaEpilogue = V5_HOPPER_TMA_EPILOGUE && !kSplit;   // a split stores from registers
     using SlabShapeO = Shape<_64, Int<kHeadDim>>;
     using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                                Shape<_64, Int<kHeadDim>, Int<kConsumerWarpGroups>>{}));
@@ -126,6 +129,18 @@ struct KernelTraits {
     static constexpr uint32_t kTmaBytesK = sizeof(Element) * size(take<0, 2>(SmemLayoutK{}));
     static constexpr uint32_t kTmaBytesV = sizeof(Element) * size(take<0, 2>(SmemLayoutVt{}));
 
+    // The receive side of a cluster split of S (2 or 4) ranks: warp w's rows are finished by rank
+    // w % S, which takes the other S - 1 ranks' states of them into slots of kWarpBytes each: chunk
+    // 0 of a lane holds its two rows' maxima and sums, chunks 1.. its O accumulator, 16 bytes each,
+    // chunk c of lane l at byte (c * 32 + l) * 16 of the slot. Sized for the most slots (S = 4) and
+    // the most owned warps (S = 2).
+    static constexpr int kConsumerWarps = kConsumerThreads / 32;
+    static constexpr int kMaxSplits = 4;
+    static constexpr int kSplitChunks = 1 + kHeadDim / 8;
+    static constexpr int kWarpStateBytes = kSplitChunks * 16 * 32;
+    static constexpr int kReceiveSlots = kConsumerWarps - kConsumerWarps / kMaxSplits;
+    static constexpr int kMostOwnedWarps = kConsumerWarps / 2;
+
     using Pipeline = cutlass::PipelineTmaAsync<kStages>;
     using BarrierQ = cutlass::arch::ClusterTransactionBarrier;   // Q's TMA completes on it
     using BarrierQEmpty = cutlass::arch::ClusterBarrier;          // consumers release Q on it
@@ -141,6 +156,8 @@ struct KernelTraits {
         typename Pipeline::SharedStorage pipeline_v;
         typename BarrierQ::ValueType barrier_q[kQBuffers];              // Q landed (TMA bytes)
         typename BarrierQEmpty::ValueType barrier_q_empty[kQBuffers];   // Q read by every consumer
+        cute::array_aligned<char, kSplit ? kReceiveSlots * kWarpStateBytes : 16, 16> receive;
+        uint64_t receive_barrier[kSplit ? kMostOwnedWarps : 1];           // an owned warp's slots filled
     };
     static constexpr int kSmemBytes = sizeof(SharedStorage);
     static_assert(kSmemBytes <= 227 * 1024,
@@ -156,6 +173,7 @@ struct KernelTraits {
         int heads;
         int batch;
         float scale_log2;   // softmax scale x log2(e): the softmax runs on exp2
+        int key_splits;     // CTAs per cluster sharing a query tile's keys (1 unless kSplit)
     };
 };
 

@@ -31,6 +31,9 @@ namespace {
 // launch failed with "invalid argument" (seen on the H100, run 2 of NOTES.md).
 template <class Traits, bool kCausal>
 std::atomic<uint64_t> configured_devices{0};
+// Clusters of S CTAs that fit on device d at once, [d][S] (0: not read yet); internal for the same reason.
+template <class Traits, bool kCausal>
+std::atomic<int> active_clusters[64][Traits::kMaxSplits + 1] = {};
 }  // namespace
 
 namespace detail {
@@ -73,6 +76,7 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
         heads,
         batch,
         scale * float(M_LOG2E),
+        1,
     };
 }
 
@@ -91,23 +95,105 @@ inline int sm_count() {
     return count;
 }
 
+// Clusters of `splits` CTAs of this kernel that fit on the device at once (0 if unknown), read
+// once per device and split.
+template <class Traits, bool kCausal>
+int max_active_clusters(int splits) {
+    auto& cached = active_clusters<Traits, kCausal>;
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess || device >= 64 || splits > Traits::kMaxSplits) return 0;
+    const int known = cached[device][splits].load(std::memory_order_relaxed);
+    if (known > 0) return known;
+    if (configure_once<Traits, kCausal>() != cudaSuccess) return 0;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(splits));
+    config.blockDim = dim3(Traits::kThreads);
+    config.dynamicSmemBytes = Traits::kSmemBytes;
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = unsigned(splits);
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    config.attrs = &cluster;
+    config.numAttrs = 1;
+    int clusters = 0;
+    if (cudaOccupancyMaxActiveClusters(&clusters, v5_hopper_attention_fwd<Traits, kCausal>, &config) != cudaSuccess) {
+        cudaGetLastError();   // not sticky: clear it so the launch does not report it
+        return 0;
+    }
+    cached[device][splits].store(clusters, std::memory_order_relaxed);
+    return clusters;
+}
+
+// CTAs per cluster for a grid of `tiles` query tiles of `key_tiles` key tiles each (1: no split):
+// the most of 4 and 2 that keeps the grid within one CTA per SM, gives every rank a key tile, and
+// whose clusters all fit on the device at once (a second wave of clusters would double the time).
+template <class Traits, bool kCausal>
+int cluster_splits(int64_t tiles, int key_tiles) {
+    const int64_t sms = sm_count();
+    for (int splits = Traits::kMaxSplits; splits >= 2; splits /= 2) {
+        if (splits > key_tiles || tiles * splits > sms) continue;
+        if (tiles <= max_active_clusters<Traits, kCausal>(splits)) return splits;
+    }
+    return 1;
+}
+
+// Programmatic dependent launch for a launch of a split kernel: pdl 1 always, 2 only while the
+// stream is being captured into a graph. Under graph replay it let each call start while the
+// previous one finished (-1.2 us per call on the split shapes, NOTES.md, runs 20-21); in eager
+// timing, with an L2 flush kernel before each call, run 20 measured every PDL launch 3.5-4 us
+// slower and run 21 measured no difference, so eager launches go without it.
+inline bool use_pdl(cudaStream_t stream) {
+    if (V5_HOPPER_PDL == 1) return true;
+    if (V5_HOPPER_PDL != 2) return false;
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(stream, &status) != cudaSuccess) {
+        cudaGetLastError();
+        return false;
+    }
+    return status == cudaStreamCaptureStatusActive;
+}
+
 template <class Traits, bool kCausal>
 int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     const cudaError_t configured = configure_once<Traits, kCausal>();
     if (configured != cudaSuccess) return int(configured);
     const int64_t m_blocks = (params.seq_len + Traits::kBlockM - 1) / Traits::kBlockM;
     const int64_t tiles = m_blocks * params.heads * params.batch;
-    if (tiles > INT_MAX) return kUnsupported;
+    if (tiles * params.key_splits > INT_MAX) return kUnsupported;
     // Persistent grid: one CTA per SM (shared memory and registers allow no second one) walks the
     // tiles, with no per-tile prologue and the short causal tiles packed behind the long ones.
     // Below a few waves of tiles the hardware's own block scheduling balances better than the
     // static round-robin (NOTES.md, run 6: 1,8,4096,128 causal, 1.9 waves).
     const int64_t sms = sm_count();
-    const bool persistent = sms > 0 && (V5_HOPPER_PERSISTENT == 1 ||
-                                        (V5_HOPPER_PERSISTENT == 2 && tiles >= V5_HOPPER_PERSISTENT_MIN_WAVES * sms));
-    const int64_t ctas = persistent ? std::min(tiles, sms) : tiles;
-    v5_hopper_attention_fwd<Traits, kCausal><<<unsigned(ctas), Traits::kThreads, Traits::kSmemBytes, stream>>>(params);
-    return int(cudaGetLastError());
+    const bool persistent = !Traits::kSplit && sms > 0 &&
+                            (V5_HOPPER_PERSISTENT == 1 ||
+                             (V5_HOPPER_PERSISTENT == 2 && tiles >= V5_HOPPER_PERSISTENT_MIN_WAVES * sms));
+    const int64_t ctas = persistent ? std::min(tiles, sms) : tiles * params.key_splits;
+
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(ctas));
+    config.blockDim = dim3(Traits::kThreads);
+    config.dynamicSmemBytes = Traits::kSmemBytes;
+    config.stream = stream;
+    cudaLaunchAttribute attributes[2];
+    unsigned count = 0;
+    if constexpr (Traits::kSplit) {
+        attributes[count].id = cudaLaunchAttributeClusterDimension;
+        attributes[count].val.clusterDim.x = unsigned(params.key_splits);
+        attributes[count].val.clusterDim.y = 1;
+        attributes[count].val.clusterDim.z = 1;
+        ++count;
+    }
+    if (kPdlKernel<Traits> && use_pdl(stream)) {
+        attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attributes[count].val.programmaticStreamSerializationAllowed = 1;
+        ++count;
+    }
+    config.attrs = count > 0 ? attributes : nullptr;
+    config.numAttrs = count;
+    const cudaError_t launched = cudaLaunchKernelEx(&config, v5_hopper_attention_fwd<Traits, kCausal>, params);
+    return int(launched != cudaSuccess ? launched : cudaGetLastError());
 }
 
 }  // namespace detail
@@ -131,10 +217,24 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
     auto const* q_ptr = static_cast<Element const*>(q);
     auto const* k_ptr = static_cast<Element const*>(k);
     auto const* v_ptr = static_cast<Element const*>(v);
-    return causal ? detail::launch_traits<CausalTraits, true>(
-                        detail::make_params<CausalTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream)
-                  : detail::launch_traits<FullTraits, false>(
-                        detail::make_params<FullTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
+    if (causal) {
+        return detail::launch_traits<CausalTraits, true>(
+            detail::make_params<CausalTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
+    }
+    if constexpr (V5_HOPPER_KEY_SPLIT) {
+        // A split CTA walks a share of one tile's keys: two stages are enough, and leave shared
+        // memory for the receive slots at D=128.
+        using SplitTraits = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, 2, true>;
+        const int64_t tiles = int64_t((seq_len + kBlockMFull - 1) / kBlockMFull) * heads * batch;
+        const int splits = detail::cluster_splits<SplitTraits, false>(tiles, (seq_len + kBlockNFull - 1) / kBlockNFull);
+        if (splits > 1) {
+            auto params = detail::make_params<SplitTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale);
+            params.key_splits = splits;
+            return detail::launch_traits<SplitTraits, false>(params, stream);
+        }
+    }
+    return detail::launch_traits<FullTraits, false>(
+        detail::make_params<FullTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
 }
 
 }  // namespace v5_hopper

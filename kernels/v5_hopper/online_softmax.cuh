@@ -39,6 +39,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 // (1 or 4 each; tunables, the first per head dim).
 template <int kRows, int kMaxChains, int kSumChains>
 struct OnlineSoftmax {
+    static constexpr int kRowsPerThread = kRows;
     float row_max[kRows];   // running maximum score of each row (unscaled), -inf before any key
     float row_sum[kRows];   // this thread's share of each row's running sum; the quad adds them at the end
     float scale_log2;
@@ -119,6 +120,23 @@ struct OnlineSoftmax {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 1; j < kChains; ++j) m = fmaxf(m, chain[j]);
         return m;
+    }
+
+    // Folds another state of the same rows over other keys (a cluster split's other rank: its
+    // maxima and this lane's partial sums) into this one: m = max of both, each sum weighted by
+    // 2^(its max - m). Returns the weights of this O and of the other's in `mine` and `other`.
+    // A row neither side has seen a key of keeps max -inf (base 0: weights 0, not NaN).
+    __device__ void fold(float const (&other_max)[kRows], float const (&other_sum)[kRows], float (&mine)[kRows],
+                         float (&other)[kRows]) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+            const float m = fmaxf(row_max[r], other_max[r]);
+            const float base = m == -INFINITY ? 0.f : m * scale_log2;
+            mine[r] = exp2_approx(fmaf(row_max[r], scale_log2, -base));
+            other[r] = exp2_approx(fmaf(other_max[r], scale_log2, -base));
+            row_max[r] = m;
+            row_sum[r] = fmaf(row_sum[r], mine[r], other_sum[r] * other[r]);
+        }
     }
 
     // 1 / (the row's whole sum); 0 for a row that met no key (a padding row past S).

@@ -70,3 +70,11 @@
 #ifndef V5_HOPPER_SUM_CHAINS
 #error "V5_HOPPER_SUM_CHAINS undefined: the build passes it from variant.yaml (tunables.sum_chains)"
 #endif
+// split a small grid's query tiles' keys across the CTAs of a cluster (non-causal)
+#ifndef V5_HOPPER_KEY_SPLIT
+#error "V5_HOPPER_KEY_SPLIT undefined: the build passes it from variant.yaml (tunables.key_split)"
+#endif
+// launch with programmatic dependent launch
+#ifndef V5_HOPPER_PDL
+#error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
+#endif

@@ -52,6 +52,11 @@ class Variant:
     def kernel_regex(self) -> str:
         return self.meta["kernel_regex"]
 
+    @property
+    def sanitizer_shapes(self) -> list[dict]:
+        """The (B, H, S) the sanitizer stage runs besides the config's shape."""
+        return [{key: shape[key] for key in ("B", "H", "S")} for shape in self.meta["sanitizer_shapes"]]
+
     def supports(self, dtype: str, head_dim: int, causal: bool) -> bool:
         s = self.support
         return dtype in s["dtypes"] and head_dim in s["head_dims"] and causal in s["causal"]

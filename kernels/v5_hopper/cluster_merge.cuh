@@ -1,0 +1,100 @@
+// The cluster key split (issue 8): on a grid that would leave SMs idle (the launch-bound shapes,
+// e.g. (1,8,512,64): 32 query tiles of 128 rows on 132 SMs), the S CTAs of a cluster (2 or 4)
+// take the same query tile and a contiguous share of its key tiles each (TileScheduler::key_span),
+// so each ends its key loop with a partial softmax state (max, sum, unnormalised O) of every row.
+//
+// The merge is pushed: the rows of consumer warp w are finished by rank w % S, its owner; every
+// other rank's warp w writes its state with st.async into the owner's receive slots, counted in
+// bytes on the owner's barrier for that warp, and is done. The owner waits on that barrier, folds
+// the S - 1 states from its own shared memory and stores its rows. No global scratch and no fence
+// (v4_pipelined's NOTES.md, run 5: pulling through distributed shared memory cost ~1 us per rank).
+//
+// Ordering: thread 0 initialises the receive barriers at entry (each arrival made with the bytes it
+// expects) and every thread arrives on the cluster barrier; a warp waits on that barrier before
+// its first push, so no push reaches a barrier before it exists. The slots lie apart from the
+// rings, so a push may land while the owner is still in its key loop.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include "sm90_cluster.cuh"
+
+namespace v5_hopper {
+
+using namespace cute;
+
+template <class Traits>
+struct ClusterMerge {
+    typename Traits::SharedStorage& shared;
+    int splits;
+
+    __device__ uint32_t barrier(int owned) const { return cute::cast_smem_ptr_to_uint(&shared.receive_barrier[owned]); }
+    __device__ int slot_offset(int owned, int src, int owner) const {
+        return (owned * (splits - 1) + (src < owner ? src : src - 1)) * Traits::kWarpStateBytes;
+    }
+
+    // Entry, thread 0: one receive barrier per owned warp, expecting S - 1 states.
+    __device__ void init_barriers() const {
+        for (int owned = 0; owned < Traits::kConsumerWarps / splits; ++owned) {
+            evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * Traits::kWarpStateBytes));
+        }
+        evo_sm90::fence_barrier_init();
+    }
+
+    // After the key loop, by every consumer warp (`warp` 0.. over the consumer warp groups): returns
+    // true in the owner of the warp's rows, whose softmax state and O then cover every key (it
+    // stores them); false elsewhere, where the warp has pushed its state and is done.
+    template <class Softmax, class AccRowCol>
+    __device__ bool merge(Softmax& softmax, AccRowCol& o, int warp, int lane) const {
+        static_assert(Softmax::kRowsPerThread == 2, "chunk 0 holds two rows' max and sum");
+        constexpr int kRows = 2;
+        constexpr int kCols = decltype(size<1>(o))::value;
+        static_assert(kCols % 4 == 0 && 1 + kRows * kCols / 4 == Traits::kSplitChunks, "O as 16-byte chunks");
+        const int rank = evo_sm90::cluster_rank();
+        const int owner = warp % splits;
+        const int owned = warp / splits;
+        const uint32_t receive = cute::cast_smem_ptr_to_uint(shared.receive.data());
+        if (owner != rank) {
+            evo_sm90::cluster_wait();   // every rank's barriers exist
+            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank, owner), owner);
+            const uint32_t remote_barrier = evo_sm90::map_to_rank(barrier(owned), owner);
+            const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
+            evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], softmax.row_sum[0],
+                              softmax.row_sum[1], remote_barrier);
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+                CUTLASS_PRAGMA_UNROLL
+                for (int c = 0; c < kCols; c += 4) {
+                    evo_sm90::push_v4(chunk_address(1 + (r * kCols + c) / 4), o(r, c), o(r, c + 1), o(r, c + 2),
+                                      o(r, c + 3), remote_barrier);
+                }
+            }
+            return false;
+        }
+        evo_sm90::wait_barrier<0>(barrier(owned));
+        for (int src = 0; src < splits; ++src) {
+            if (src == rank) continue;
+            const float4* chunks =
+                reinterpret_cast<const float4*>(shared.receive.data() + slot_offset(owned, src, rank)) + lane;
+            const float4 head = chunks[0];
+            const float other_max[kRows] = {head.x, head.y};
+            const float other_sum[kRows] = {head.z, head.w};
+            float mine_weight[kRows], other_weight[kRows];
+            softmax.fold(other_max, other_sum, mine_weight, other_weight);
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+                CUTLASS_PRAGMA_UNROLL
+                for (int c = 0; c < kCols; c += 4) {
+                    const float4 other = chunks[(1 + (r * kCols + c) / 4) * 32];
+                    o(r, c) = fmaf(o(r, c), mine_weight[r], other.x * other_weight[r]);
+                    o(r, c + 1) = fmaf(o(r, c + 1), mine_weight[r], other.y * other_weight[r]);
+                    o(r, c + 2) = fmaf(o(r, c + 2), mine_weight[r], other.z * other_weight[r]);
+                    o(r, c + 3) = fmaf(o(r, c + 3), mine_weight[r], other.w * other_weight[r]);
+                }
+            }
+        }
+        return true;
+    }
+};
+
+}  // namespace v5_hopper

@@ -1,0 +1,105 @@
+"""v5_hopper's cluster key split (issue 8). CPU: with key_split on, the sm_90a build holds one split
+kernel per (dtype, head dim), none spills, and each pushes its state with st.async on the owner's
+mbarrier after the cluster barrier, with no memory fence. GPU (an sm_90 device): parity on grids
+that launch clusters of 4 and 2 CTAs (one and several key tiles per rank, ragged last tiles), and
+the profiler's kernel names show that the split kernel is the one that ran."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from evo_sdpa.build import build_cuda
+from evo_sdpa.sass import dump_sass, find_sass_tools
+from test_v5_hopper import needs_toolchain, sm90_device, v5_variant
+
+SPLIT = {"key_split": 1, "pdl": 1}   # PDL on every launch, eager ones included
+# KernelTraits<Element, D, 128, 128, 2, true>: the split traits' last argument, mangled.
+SPLIT_TRAITS = "ELi2ELb1EEE"
+
+
+@pytest.fixture(scope="module")
+def split_build(tmp_path_factory):
+    needs_toolchain()
+    verdict, resources, _ = build_cuda(v5_variant(), "9.0", tmp_path_factory.mktemp("v5_split"), tunable_values=SPLIT)
+    assert verdict["status"] == "pass", verdict["reasons"]
+    return verdict, resources
+
+
+def test_split_kernels_build_without_spills(split_build):
+    _, resources = split_build
+    split = [r for r in resources if SPLIT_TRAITS in r["kernel"]]
+    assert len(split) == 4, [r["kernel"] for r in resources]   # fp16/bf16 x D 64/128, non-causal only
+    assert all(r["spill_store_bytes"] == 0 and r["stack_frame_bytes"] == 0 for r in split)
+    assert len(resources) == 12
+
+
+def test_split_kernels_push_through_st_async_without_a_fence(split_build):
+    try:
+        tools = find_sass_tools()
+    except Exception as exc:  # noqa: BLE001 - the tools are optional on a developer machine
+        pytest.skip(str(exc))
+    _, listing = dump_sass(tools, split_build[0]["artifact"])
+    functions = re.split(r"\n\s*Function : ", listing)
+    split = [f for f in functions if SPLIT_TRAITS in f.split("\n", 1)[0]]
+    assert len(split) == 4
+    for body in split:
+        head_dim = 64 if "ELi64ELi128" in body.split("\n", 1)[0] else 128
+        assert body.count("STAS.128") == 1 + head_dim // 8   # max and sum, then O, 16 bytes per lane each
+        assert "SYNCS.ARRIVE.TRANS64" in body   # the owner's barriers expect the bytes
+        assert "UCGABAR_ARV" in body and "UCGABAR_WAIT" in body   # the cluster barrier before any push
+        assert "MEMBAR" not in body             # no fence: the barrier's byte count orders the pushes
+
+
+# (B, H, S) on an H100's 132 SMs: 8 heads x 4 query tiles -> clusters of 4, one key tile each;
+# 16 x 4 -> clusters of 2, two each; 2 x 5 tiles of 520 -> 4 (shares 1, 1, 1, 2, the last tile
+# 8 keys, the last query tile 8 rows); 6 x 8 tiles of 1000 -> 2 (four each, 104 keys in the last);
+# one head of 129 -> 2 (the second rank's tile holds one key).
+GRIDS = [(1, 8, 512), (2, 8, 512), (1, 2, 520), (2, 3, 1000), (1, 1, 129)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("grid", GRIDS, ids=lambda g: "x".join(map(str, g)))
+def test_split_grids_match_reference(split_build, dtype, D, grid):
+    from evo_sdpa.parity import ParityCase, run_case
+    from evo_sdpa.runners import load_forward
+    from evo_sdpa.tolerance import ToleranceRule
+
+    if not sm90_device():
+        pytest.skip("v5_hopper runs on compute capability 9.0 only")
+    forward = load_forward(v5_variant(), split_build[0]["artifact"])
+    rule = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})
+    B, H, S = grid
+    for distribution in ("normal", "dominant_key", "large"):
+        record = run_case(ParityCase(dtype, B, H, S, D, False, distribution, 0), forward, rule, "cuda")
+        assert record["status"] == "pass", record
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("grid, splits", [((1, 8, 512), True), ((2, 8, 512), True), ((4, 8, 512), False)],
+                         ids=["1x8x512", "2x8x512", "4x8x512"])
+def test_small_grids_run_the_split_kernel(split_build, grid, splits):
+    """The split is chosen by the host from the grid: under one wave of query tiles it runs,
+    at 128 tiles (one per SM already) it does not."""
+    import math
+
+    import torch
+
+    from evo_sdpa.inputs import make_qkv
+    from evo_sdpa.runners import load_forward
+
+    if not sm90_device():
+        pytest.skip("v5_hopper runs on compute capability 9.0 only")
+    forward = load_forward(v5_variant(), split_build[0]["artifact"])
+    q, k, v = make_qkv(*grid, 64, torch.float16, "cuda", 0)
+    out = torch.empty_like(q)
+    forward(q, k, v, out, False, 1 / math.sqrt(64))   # the first call reads the device's cluster limits
+    torch.cuda.synchronize()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        forward(q, k, v, out, False, 1 / math.sqrt(64))
+        torch.cuda.synchronize()
+    names = [e.name for e in prof.events() if "v5_hopper_attention_fwd" in e.name]
+    assert names, [e.name for e in prof.events()]
+    assert any(", 2, true>" in name for name in names) == splits, names
