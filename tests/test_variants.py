@@ -350,3 +350,17 @@ def test_a_missing_shared_header_names_kernels_common(kernels):
     (folder / "variant.yaml").write_text(yaml.safe_dump(meta))
     with pytest.raises(StageError, match=r"'common/no_such_header.cuh', which does not exist in kernels/common/"):
         load_variant(folder)
+
+
+def test_sanitizer_shapes_default_to_none_and_keep_only_the_shape(kernels):
+    assert load_variant(make_variant(kernels, "alpha", good_meta("alpha"))).sanitizer_shapes == []
+    meta = good_meta("beta")
+    meta["sanitizer_shapes"] = [{"B": 1, "H": 2, "S": 520, "because": "a cluster split"}]
+    assert load_variant(make_variant(kernels, "beta", meta)).sanitizer_shapes == [{"B": 1, "H": 2, "S": 520}]
+
+
+def test_a_sanitizer_shape_without_its_length_is_refused_in_one_line(kernels):
+    meta = good_meta("alpha")
+    meta["sanitizer_shapes"] = [{"B": 1, "H": 2}]
+    message = load_error(make_variant(kernels, "alpha", meta))
+    assert "'sanitizer_shapes[0].S' is missing" in message
