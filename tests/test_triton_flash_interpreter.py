@@ -120,7 +120,7 @@ def test_causal_first_row_is_first_value_row():
 def test_other_tile_shapes(block_m, block_n):
     """Other tiles: BLOCK_M > BLOCK_N (rows fully masked in the second diagonal block),
     BLOCK_N > BLOCK_M (the diagonal block starts before the tile), small tiles."""
-    tunables = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2}
+    tunables = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "TMA": 0}
     for causal in (False, True):
         q, k, v = make_qkv(1, 2, 150, 64, torch.float16, "cpu", seed=11)
         out = poisoned_like(q)
@@ -128,6 +128,28 @@ def test_other_tile_shapes(block_m, block_n):
         ref = reference(q, k, v, causal, 0.125)
         err = error_stats(out, ref)["max_abs"]
         assert err <= 1.5 * _sdpa_err(q, k, v, causal, 0.125, ref) + ULP_FLOOR["fp16"]
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_tensor_descriptor_loads(dtype, head_dim):
+    """TMA=1: Q, K and V come through [B*H, S, D] descriptors. Ragged lengths (a box past S must
+    read zeros, not the next head's rows, which hold large values here), both masks, tiles
+    wider than the sequence."""
+    tunables = {**TUNABLES, "TMA": 1}
+    for S, (block_m, block_n) in ((77, (64, 64)), (150, (128, 64)), (5, (64, 32))):
+        tunables.update(BLOCK_M=block_m, BLOCK_N=block_n)
+        q, k, v = make_qkv(2, 3, S, head_dim, DTYPES[dtype], "cpu", seed=21, distribution="large")
+        for causal in (False, True):
+            out = poisoned_like(q)
+            forward(q, k, v, out, causal, 0.125, tunables)
+            ref = reference(q, k, v, causal, 0.125)
+            err = error_stats(out, ref)
+            assert err["nonfinite"] == 0
+            assert err["max_abs"] <= 1.5 * _sdpa_err(q, k, v, causal, 0.125, ref) + ULP_FLOOR[dtype], (S, causal)
+            pointers = poisoned_like(q)
+            forward(q, k, v, pointers, causal, 0.125, {**tunables, "TMA": 0})
+            assert torch.equal(out, pointers), (S, causal)   # the same tiles, the same arithmetic
 
 
 def test_large_sequence_time_under_interpreter():
@@ -188,8 +210,9 @@ def test_metadata_declares_the_launch_configuration():
 
 @pytest.mark.parametrize("tunables,match", [
     (None, "variant.yaml"),
-    ({"BLOCK_M": 64}, "exactly BLOCK_M, BLOCK_N, num_warps, num_stages"),
-    ({"BLOCK_M": 48, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3}, "BLOCK_M must be a power of two"),
+    ({"BLOCK_M": 64}, "exactly BLOCK_M, BLOCK_N, num_warps, num_stages, TMA"),
+    ({"BLOCK_M": 48, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 0}, "BLOCK_M must be a power of two"),
+    ({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 2}, "TMA must be 0 or 1"),
 ])
 def test_forward_needs_a_valid_launch_configuration(tunables, match):
     q, k, v, out = _qkv_out()

@@ -23,11 +23,12 @@ from collections.abc import Mapping
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * LOG2_E)
 
 # The launch configuration comes from variant.yaml (`tunables:`, the one home of its defaults):
-# the runner passes it as forward's `tunables` (BLOCK_M, BLOCK_N, num_warps, num_stages); no
+# the runner passes it as forward's `tunables` (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA); no
 # autotune, so every run times the same kernel. The defaults, 64x64 tiles, 4 warps (one
 # warpgroup: one wgmma M=64 tile), 3 stages for both head dims, came from this hand sweep on one
 # H200 (triton 3.6, fp16, do_bench; graph replay for S=512), us per call:
@@ -42,7 +43,7 @@ LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * LOG2_E)
 #   (* spills). 64-row tiles double the programs (small grids fill more SMs, the causal
 #   triangle balances better) at 119-168 registers and 56 KiB (D=64) / 112 KiB (D=128) of
 #   shared memory; 128x64 at 8 warps is 10% faster only on the largest non-causal D=128 shape.
-TUNABLES = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages")
+TUNABLES = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA")
 HEAD_DIMS = (64, 128)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -86,24 +87,33 @@ def _row_tile(base, row_start, seq_len, BLOCK: tl.constexpr, HEAD_DIM: tl.conste
 
 
 @triton.jit
-def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, offs_m,
+def _load_rows(base, desc, head, row_start, seq_len, BLOCK: tl.constexpr, HEAD_DIM: tl.constexpr,
+               MASKED: tl.constexpr, USE_TMA: tl.constexpr):
+    """Rows [row_start, row_start + BLOCK) of one head, rows past seq_len as zeros: through the
+    head's [B*H, S, D] tensor descriptor (the copy engine zero-fills past S), or by pointers
+    (masked only where MASKED says a row may not exist)."""
+    if USE_TMA:
+        return desc.load([head, row_start, 0]).reshape(BLOCK, HEAD_DIM)
+    ptrs, _, row_exists = _row_tile(base, row_start, seq_len, BLOCK, HEAD_DIM)
+    if MASKED:
+        return tl.load(ptrs, mask=row_exists, other=0.0)
+    return tl.load(ptrs)
+
+
+@triton.jit
+def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, k_desc, v_desc, head, offs_m,
                        key_start, key_end, seq_len, qk_scale_log2,
                        HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, MASK_KEYS: tl.constexpr,
-                       IS_CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr):
+                       IS_CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr):
     """Fold keys [key_start, key_end) into the online softmax state of one query tile.
 
     MASK_KEYS is off for blocks that every row of the tile sees in full (no bounds checks,
     no select: the common case); on for the causal diagonal and the ragged tail.
     """
     for start_n in range(key_start, key_end, BLOCK_N):
-        k_ptrs, offs_n, key_exists = _row_tile(k_base, start_n, seq_len, BLOCK_N, HEAD_DIM)
-        v_ptrs, _, _ = _row_tile(v_base, start_n, seq_len, BLOCK_N, HEAD_DIM)
-        if MASK_KEYS:
-            k = tl.load(k_ptrs, mask=key_exists, other=0.0)
-            v = tl.load(v_ptrs, mask=key_exists, other=0.0)
-        else:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
+        offs_n = start_n + tl.arange(0, BLOCK_N)
+        k = _load_rows(k_base, k_desc, head, start_n, seq_len, BLOCK_N, HEAD_DIM, MASK_KEYS, USE_TMA)
+        v = _load_rows(v_base, v_desc, head, start_n, seq_len, BLOCK_N, HEAD_DIM, MASK_KEYS, USE_TMA)
 
         # scores in log2 units: s = (q . k) * scale * log2(e)
         s = tl.dot(q, tl.trans(_mma_operand(k, INTERPRETED))) * qk_scale_log2
@@ -128,9 +138,9 @@ def _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, offs_m,
 
 
 @triton.jit
-def _triton_flash_fwd(Q, K, V, Out, seq_len, qk_scale_log2,
+def _triton_flash_fwd(Q, K, V, Out, Q_desc, K_desc, V_desc, seq_len, qk_scale_log2,
                       HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                      IS_CAUSAL: tl.constexpr, INTERPRETED: tl.constexpr):
+                      IS_CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr):
     """Out[b, h, tile] = softmax(Q K^T * scale, masked) V for one tile of BLOCK_M query rows."""
     if IS_CAUSAL:
         # heaviest query tiles (most keys) first, so the last wave holds the light ones
@@ -138,14 +148,16 @@ def _triton_flash_fwd(Q, K, V, Out, seq_len, qk_scale_log2,
     else:
         m_block = tl.program_id(0)
     q_start = m_block * BLOCK_M
-    head_offset = tl.program_id(1).to(tl.int64) * seq_len * HEAD_DIM
+    head = tl.program_id(1)
+    head_offset = head.to(tl.int64) * seq_len * HEAD_DIM
     q_base = Q + head_offset
     k_base = K + head_offset
     v_base = V + head_offset
     o_base = Out + head_offset
 
-    q_ptrs, offs_m, row_exists = _row_tile(q_base, q_start, seq_len, BLOCK_M, HEAD_DIM)
-    q = _mma_operand(tl.load(q_ptrs, mask=row_exists, other=0.0), INTERPRETED)
+    offs_m = q_start + tl.arange(0, BLOCK_M)
+    q = _mma_operand(_load_rows(q_base, Q_desc, head, q_start, seq_len, BLOCK_M, HEAD_DIM, True, USE_TMA),
+                     INTERPRETED)
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
@@ -158,25 +170,25 @@ def _triton_flash_fwd(Q, K, V, Out, seq_len, qk_scale_log2,
         # the diagonal block(s), masked; keys after the tile's last row are never loaded.
         diag_start = (q_start // BLOCK_N) * BLOCK_N
         diag_end = tl.minimum(q_start + BLOCK_M, seq_len)
-        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, offs_m,
+        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, K_desc, V_desc, head, offs_m,
                                            0, diag_start, seq_len, qk_scale_log2,
-                                           HEAD_DIM, BLOCK_N, False, IS_CAUSAL, INTERPRETED)
-        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, offs_m,
+                                           HEAD_DIM, BLOCK_N, False, IS_CAUSAL, USE_TMA, INTERPRETED)
+        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, K_desc, V_desc, head, offs_m,
                                            diag_start, diag_end, seq_len, qk_scale_log2,
-                                           HEAD_DIM, BLOCK_N, True, IS_CAUSAL, INTERPRETED)
+                                           HEAD_DIM, BLOCK_N, True, IS_CAUSAL, USE_TMA, INTERPRETED)
     else:
         # whole key blocks unmasked, then the ragged tail when S is not a multiple of BLOCK_N
         full_end = (seq_len // BLOCK_N) * BLOCK_N
-        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, offs_m,
+        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, K_desc, V_desc, head, offs_m,
                                            0, full_end, seq_len, qk_scale_log2,
-                                           HEAD_DIM, BLOCK_N, False, IS_CAUSAL, INTERPRETED)
-        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, offs_m,
+                                           HEAD_DIM, BLOCK_N, False, IS_CAUSAL, USE_TMA, INTERPRETED)
+        acc, m_i, l_i = _attend_key_blocks(acc, m_i, l_i, q, k_base, v_base, K_desc, V_desc, head, offs_m,
                                            full_end, seq_len, seq_len, qk_scale_log2,
-                                           HEAD_DIM, BLOCK_N, True, IS_CAUSAL, INTERPRETED)
+                                           HEAD_DIM, BLOCK_N, True, IS_CAUSAL, USE_TMA, INTERPRETED)
 
     # epilogue: normalise by the softmax denominator; rows past seq_len are never stored
     out = acc / l_i[:, None]
-    o_ptrs, _, _ = _row_tile(o_base, q_start, seq_len, BLOCK_M, HEAD_DIM)
+    o_ptrs, _, row_exists = _row_tile(o_base, q_start, seq_len, BLOCK_M, HEAD_DIM)
     tl.store(o_ptrs, _cast_rne(out, Out.dtype.element_ty, INTERPRETED), mask=row_exists)
 
 
@@ -223,7 +235,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
 def launch_config(tunables: Mapping[str, int] | None) -> dict[str, int]:
     """The launch configuration forward() was given: exactly TUNABLES, tiles powers of two >= 16."""
     if tunables is None:
-        raise ValueError("forward() needs tunables= (BLOCK_M, BLOCK_N, num_warps, num_stages: "
+        raise ValueError("forward() needs tunables= (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA: "
                          "kernels/triton_flash/variant.yaml's `tunables`, which the runner passes)")
     if set(tunables) != set(TUNABLES):
         raise ValueError(f"tunables must be exactly {', '.join(TUNABLES)}; got {', '.join(sorted(tunables))}")
@@ -231,7 +243,17 @@ def launch_config(tunables: Mapping[str, int] | None) -> dict[str, int]:
     for name in ("BLOCK_M", "BLOCK_N"):
         if config[name] < 16 or config[name] & (config[name] - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {config[name]}")
+    if config["TMA"] not in (0, 1):
+        raise ValueError(f"TMA must be 0 or 1, got {config['TMA']}")
     return config
+
+
+def head_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
+    """A TMA descriptor of a contiguous [B, H, S, D] tensor as [B*H, S, D], one box = `rows` rows of
+    one head: a box reaching past S is zero-filled, never the next head's rows."""
+    batch, heads, seq_len, head_dim = t.shape
+    return TensorDescriptor(t, shape=[batch * heads, seq_len, head_dim],
+                            strides=[seq_len * head_dim, head_dim, 1], block_shape=[1, rows, head_dim])
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -244,10 +266,13 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     batch, heads, seq_len, head_dim = q.shape
     config = launch_config(tunables)
     grid = (triton.cdiv(seq_len, config["BLOCK_M"]), batch * heads)
+    use_tma = bool(config["TMA"])
+    descriptors = ((head_descriptor(q, config["BLOCK_M"]), head_descriptor(k, config["BLOCK_N"]),
+                    head_descriptor(v, config["BLOCK_N"])) if use_tma else (None, None, None))
     compiled = _triton_flash_fwd[grid](
-        q, k, v, out, seq_len, scale * LOG2_E,
+        q, k, v, out, *descriptors, seq_len, scale * LOG2_E,
         HEAD_DIM=head_dim, BLOCK_M=config["BLOCK_M"], BLOCK_N=config["BLOCK_N"],
-        IS_CAUSAL=bool(causal), INTERPRETED=_INTERPRETER,
+        IS_CAUSAL=bool(causal), USE_TMA=use_tma, INTERPRETED=_INTERPRETER,
         num_warps=config["num_warps"], num_stages=config["num_stages"],
     )
     if not _INTERPRETER and compiled is not None:
@@ -275,7 +300,7 @@ def compiled_resources() -> list[dict]:
             "shared_bytes": getattr(metadata, "shared", None),
             "num_warps": getattr(metadata, "num_warps", config["num_warps"]),
             "num_stages": getattr(metadata, "num_stages", config["num_stages"]),
-            "config": {"BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"],
+            "config": {"BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "TMA": config["TMA"],
                        "HEAD_DIM": head_dim, "IS_CAUSAL": causal,
                        "dtype": dtype},
             # a sequence length that compiled it (Triton specialises S == 1 and S % 16 == 0)
