@@ -220,6 +220,18 @@ def test_forward_needs_a_valid_launch_configuration(tunables, match):
         kernel.forward(q, k, v, out, False, 0.125, tunables=tunables)
 
 
+def test_tma_refuses_a_misaligned_input_in_one_line():
+    """A tensor descriptor's base must be 16-byte aligned: a contiguous view two bytes in is refused
+    before any launch, naming the fix."""
+    q, k, v, out = _qkv_out()
+    shifted = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
+    shifted.copy_(q)
+    with pytest.raises(ValueError, match="16-byte aligned.*TMA=0"):
+        kernel.forward(shifted, k, v, out, False, 0.125, tunables={**TUNABLES, "TMA": 1})
+    kernel.forward(shifted, k, v, out, False, 0.125, tunables={**TUNABLES, "TMA": 0})
+    assert torch.isfinite(out).all()
+
+
 def test_the_runner_passes_variant_yaml_tunables_and_the_build_records_them():
     """The pipeline's forward is the kernel's with variant.yaml's tunables bound (or a candidate's
     overrides, checked against the declared values); the build verdict records what it built with."""

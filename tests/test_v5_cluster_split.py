@@ -51,10 +51,11 @@ def test_split_kernels_push_through_st_async_without_a_fence(split_build):
         assert "MEMBAR" not in body             # no fence: the barrier's byte count orders the pushes
 
 
-# (B, H, S) on an H100's 132 SMs: 8 heads x 4 query tiles -> clusters of 4, one key tile each;
-# 16 x 4 -> clusters of 2, two each; 2 x 5 tiles of 520 -> 4 (shares 1, 1, 1, 2, the last tile
-# 8 keys, the last query tile 8 rows); 6 x 8 tiles of 1000 -> 2 (four each, 104 keys in the last);
-# one head of 129 -> 2 (the second rank's tile holds one key).
+# (B, H, S) on an H100's 132 SMs: 8 heads x 4 query tiles -> clusters of 2, two key tiles each
+# (32 clusters of 4 do not fit at once: NOTES.md, run 21); 16 x 4 -> 2, two each; 2 x 5 tiles of
+# 520 -> 4 (shares 1, 1, 1, 2, the last tile 8 keys, the last query tile 8 rows: the grid that
+# covers clusters of 4); 6 x 8 tiles of 1000 -> 2 (four each, 104 keys in the last); one head of
+# 129 -> 2 (the second rank's tile holds one key).
 GRIDS = [(1, 8, 512), (2, 8, 512), (1, 2, 520), (2, 3, 1000), (1, 1, 129)]
 
 

@@ -267,6 +267,9 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     config = launch_config(tunables)
     grid = (triton.cdiv(seq_len, config["BLOCK_M"]), batch * heads)
     use_tma = bool(config["TMA"])
+    if use_tma and any(t.data_ptr() % 16 for t in (q, k, v)):
+        raise ValueError("TMA=1 needs q, k and v at 16-byte aligned addresses (a tensor descriptor's "
+                         "base); use TMA=0 for these inputs")
     descriptors = ((head_descriptor(q, config["BLOCK_M"]), head_descriptor(k, config["BLOCK_N"]),
                     head_descriptor(v, config["BLOCK_N"])) if use_tma else (None, None, None))
     compiled = _triton_flash_fwd[grid](

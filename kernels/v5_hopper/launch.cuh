@@ -31,7 +31,8 @@ namespace {
 // launch failed with "invalid argument" (seen on the H100, run 2 of NOTES.md).
 template <class Traits, bool kCausal>
 std::atomic<uint64_t> configured_devices{0};
-// Clusters of S CTAs that fit on device d at once, [d][S] (0: not read yet); internal for the same reason.
+// Clusters of S CTAs that fit on device d at once plus one, [d][S] (0: not read yet, so a device that
+// fits none is read once too); internal for the same reason.
 template <class Traits, bool kCausal>
 std::atomic<int> active_clusters[64][Traits::kMaxSplits + 1] = {};
 }  // namespace
@@ -103,7 +104,7 @@ int max_active_clusters(int splits) {
     int device = 0;
     if (cudaGetDevice(&device) != cudaSuccess || device >= 64 || splits > Traits::kMaxSplits) return 0;
     const int known = cached[device][splits].load(std::memory_order_relaxed);
-    if (known > 0) return known;
+    if (known > 0) return known - 1;
     if (configure_once<Traits, kCausal>() != cudaSuccess) return 0;
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(unsigned(splits));
@@ -121,7 +122,7 @@ int max_active_clusters(int splits) {
         cudaGetLastError();   // not sticky: clear it so the launch does not report it
         return 0;
     }
-    cached[device][splits].store(clusters, std::memory_order_relaxed);
+    cached[device][splits].store(clusters + 1, std::memory_order_relaxed);
     return clusters;
 }
 

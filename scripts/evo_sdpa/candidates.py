@@ -211,8 +211,10 @@ class PipelineEvaluator:
                   "--B", str(shape["B"]), "--H", str(shape["H"]), "--S", str(shape["S"])]
         log_dir = self.store.candidate_dir(candidate.id) / "sanitizer"
         log_dir.mkdir(parents=True, exist_ok=True)
-        return verdict(run_tools(require_tool("compute-sanitizer"), cfg["tools"], cfg["padding_bytes"],
-                                 target, log_dir))
+        result = verdict(run_tools(require_tool("compute-sanitizer"), cfg["tools"], cfg["padding_bytes"],
+                                   target, log_dir))
+        result.update(shape=shape, variant_shapes=variant.sanitizer_shapes)
+        return result
 
     def final_check(self, candidate: Candidate, build: dict) -> dict:
         parity = self.isolated(candidate, "final")

@@ -78,8 +78,10 @@ class Knob:
 
 
 def space_of(tunables: dict[str, dict]) -> tuple[Knob, ...]:
-    """The search space of a variant.yaml `tunables:` mapping, in declaration order."""
-    return tuple(Knob(name, tuple(spec["values"]), spec["default"], tuple(spec.get("addresses") or ()))
+    """The search space of a variant.yaml `tunables:` mapping, in declaration order; a knob marked
+    `evolve: false` keeps its default (one value: never moved)."""
+    return tuple(Knob(name, tuple(spec["values"]) if spec.get("evolve", True) else (spec["default"],),
+                      spec["default"], tuple(spec.get("addresses") or ()))
                  for name, spec in tunables.items())
 
 
