@@ -1,5 +1,4 @@
 """Stage: compute-sanitizer's four tools over a small run of one variant; a verdict per tool."""
-import sys
 from pathlib import Path
 
 from evo_sdpa.cardlock import hold_card
@@ -10,10 +9,8 @@ from evo_sdpa.errors import run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json
 from evo_sdpa.provenance import stamp
-from evo_sdpa.sanitizer import run_tools, verdict
+from evo_sdpa.sanitizer import check_variant
 from evo_sdpa.variants import KERNELS_DIR, load_variant
-
-TARGET = Path(__file__).resolve().parent / "sanitizer_target.py"
 
 
 def main() -> None:
@@ -36,15 +33,8 @@ def main() -> None:
     elif cause:
         result = skipped_for("not run", cause)
     else:
-        sanitizer = require_tool("compute-sanitizer")
-        shape = cfg["shape"]
-        target = [sys.executable, str(TARGET), "--variant", args.variant, "--build", args.build,
-                  "--B", str(shape["B"]), "--H", str(shape["H"]), "--S", str(shape["S"])]
-        log_dir = Path(args.verdict).parent
-        log_dir.mkdir(parents=True, exist_ok=True)
-        result = verdict(run_tools(sanitizer, cfg["tools"], cfg["padding_bytes"], target, log_dir))
-        result.update(shape=shape, variant_shapes=variant.sanitizer_shapes, padding_bytes=cfg["padding_bytes"],
-                      environment="PYTORCH_NO_CUDA_MEMORY_CACHING=1")
+        result = check_variant(require_tool("compute-sanitizer"), cfg, variant, Path(args.build),
+                               Path(args.verdict).parent)
     stamp(result, variant_inputs(variant), measured_on_card="tools" in result)
     result["variant"] = args.variant
     log.info("sanitizer %s: %s %s", args.variant, result["status"], "; ".join(result["reasons"]))

@@ -876,3 +876,25 @@ def test_imports_cache_reparses_only_an_edited_file(tmp_path, monkeypatch):
     assert again.imports(source, False) == ["io", "report"]
     (tmp_path / "imports.json").write_text("{damaged")
     assert deps.ImportsCache(tmp_path / "imports.json").imports(source, False) == ["io", "report"]
+
+
+def test_check_variant_runs_every_tool_on_the_target_with_the_variants_shapes(tmp_path):
+    """One call per tool, each over sanitizer_target.py with the config's shape and the variant's
+    folder (whose sanitizer_shapes the target adds); the verdict records both kinds of shape."""
+    from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text("#!/usr/bin/env python3\nimport json, sys\n"
+                    "log = sys.argv[sys.argv.index('--log-file') + 1]\n"
+                    "open(log, 'w').write('========= ERROR SUMMARY: 0 errors\\n')\n"
+                    "print(json.dumps(sys.argv[1:]))\n")
+    fake.chmod(0o755)
+    v5 = load_variant(KERNELS_DIR / "v5_hopper")
+    cfg = {"tools": ["memcheck", "racecheck"], "padding_bytes": 256, "shape": {"B": 1, "H": 2, "S": 67}}
+    result = sanitizer.check_variant(str(fake), cfg, v5, tmp_path / "verdict.json", tmp_path / "logs")
+    assert result["status"] == "pass" and [t["tool"] for t in result["tools"]] == ["memcheck", "racecheck"]
+    assert result["shape"] == cfg["shape"] and result["variant_shapes"] == [{"B": 1, "H": 2, "S": 520}]
+    argv = json.loads((tmp_path / "logs" / "memcheck.stdout.log").read_text())
+    target = argv[argv.index(str(sanitizer.TARGET)):]
+    assert target[target.index("--variant-dir") + 1] == str(v5.folder)
+    assert target[target.index("--S") + 1] == "67"

@@ -119,15 +119,15 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
     pipeline_v.producer_tail(write);
 }
 
-// A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
-// a cluster of one, sends every release to block 0 of the cluster: in a split cluster that is
-// another CTA's ring, and this CTA's producer would wait for its stages forever (a hang on the
-// H100, run 20). The arrival count is the same (every consumer thread, once per stage).
 // Programmatic dependent launch, in the split kernels only: the two instructions alone made the
 // causal kernels about 2 us slower per call in eager timing, launched without it (NOTES.md, run 22).
 template <class Traits>
 constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
 
+// A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
+// a cluster of one, sends every release to block 0 of the cluster: in a split cluster that is
+// another CTA's ring, and this CTA's producer would wait for its stages forever (a hang on the
+// H100, run 20). The arrival count is the same (every consumer thread, once per stage).
 template <class Traits>
 __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Traits::Pipeline::SharedStorage& ring,
                               typename Traits::PipelineState const& state) {

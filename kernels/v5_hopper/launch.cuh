@@ -96,6 +96,16 @@ inline int sm_count() {
     return count;
 }
 
+// The launch attribute of a one-dimensional cluster of `splits` CTAs.
+inline cudaLaunchAttribute cluster_of(int splits) {
+    cudaLaunchAttribute cluster;
+    cluster.id = cudaLaunchAttributeClusterDimension;
+    cluster.val.clusterDim.x = unsigned(splits);
+    cluster.val.clusterDim.y = 1;
+    cluster.val.clusterDim.z = 1;
+    return cluster;
+}
+
 // Clusters of `splits` CTAs of this kernel that fit on the device at once (0 if unknown), read
 // once per device and split.
 template <class Traits, bool kCausal>
@@ -110,11 +120,7 @@ int max_active_clusters(int splits) {
     config.gridDim = dim3(unsigned(splits));
     config.blockDim = dim3(Traits::kThreads);
     config.dynamicSmemBytes = Traits::kSmemBytes;
-    cudaLaunchAttribute cluster;
-    cluster.id = cudaLaunchAttributeClusterDimension;
-    cluster.val.clusterDim.x = unsigned(splits);
-    cluster.val.clusterDim.y = 1;
-    cluster.val.clusterDim.z = 1;
+    cudaLaunchAttribute cluster = cluster_of(splits);
     config.attrs = &cluster;
     config.numAttrs = 1;
     int clusters = 0;
@@ -179,13 +185,7 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     config.stream = stream;
     cudaLaunchAttribute attributes[2];
     unsigned count = 0;
-    if constexpr (Traits::kSplit) {
-        attributes[count].id = cudaLaunchAttributeClusterDimension;
-        attributes[count].val.clusterDim.x = unsigned(params.key_splits);
-        attributes[count].val.clusterDim.y = 1;
-        attributes[count].val.clusterDim.z = 1;
-        ++count;
-    }
+    if constexpr (Traits::kSplit) attributes[count++] = cluster_of(params.key_splits);
     if (kPdlKernel<Traits> && use_pdl(stream)) {
         attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attributes[count].val.programmaticStreamSerializationAllowed = 1;

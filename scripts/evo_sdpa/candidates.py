@@ -25,7 +25,6 @@ from .provenance import sources_digest
 from .tunables import defaults
 from .variants import KERNELS_DIR, REPO, Variant, load_variant, variant_files
 
-SANITIZER_TARGET = Path(__file__).resolve().parents[1] / "sanitizer_target.py"
 CANDIDATE_TARGET = Path(__file__).resolve().parents[1] / "evolve_candidate.py"
 PROTOCOL_VERSION = 1
 PROPOSER_TIMEOUT_S = 600.0
@@ -199,22 +198,14 @@ class PipelineEvaluator:
     def sanitizer(self, candidate: Candidate) -> dict:
         from .device import require_tool
         from .gating import skipped
-        from .sanitizer import run_tools, verdict
+        from .sanitizer import check_variant
 
         cfg = self.stage.cfg["sanitizer"]
         if not self.stage.cfg["stages"]["sanitizer"]:
             return skipped("disabled in the config (stages.sanitizer: false)", disabled=True)
-        variant = self.variant_of(candidate)
-        shape = cfg["shape"]
-        target = [sys.executable, str(SANITIZER_TARGET), "--variant", variant.name, "--variant-dir",
-                  str(variant.folder), "--build", str(self.build_dir(candidate) / "verdict.json"),
-                  "--B", str(shape["B"]), "--H", str(shape["H"]), "--S", str(shape["S"])]
-        log_dir = self.store.candidate_dir(candidate.id) / "sanitizer"
-        log_dir.mkdir(parents=True, exist_ok=True)
-        result = verdict(run_tools(require_tool("compute-sanitizer"), cfg["tools"], cfg["padding_bytes"],
-                                   target, log_dir))
-        result.update(shape=shape, variant_shapes=variant.sanitizer_shapes)
-        return result
+        return check_variant(require_tool("compute-sanitizer"), cfg, self.variant_of(candidate),
+                             self.build_dir(candidate) / "verdict.json",
+                             self.store.candidate_dir(candidate.id) / "sanitizer")
 
     def final_check(self, candidate: Candidate, build: dict) -> dict:
         parity = self.isolated(candidate, "final")

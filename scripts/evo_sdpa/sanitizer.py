@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 # Measured on an H100 (DESIGN.md): with the caching allocator on, an out-of-bounds write stayed
@@ -97,3 +98,20 @@ def verdict(results: list[dict]) -> dict:
     failed = [r for r in results if r["status"] != "pass"]
     return {"status": "fail" if failed else "pass", "tools": results,
             "reasons": [f"{r['tool']}: {r['reason']}" for r in failed]}
+
+
+TARGET = Path(__file__).resolve().parents[1] / "sanitizer_target.py"
+
+
+def check_variant(sanitizer: str, cfg: dict, variant, build_verdict: Path, log_dir: Path) -> dict:
+    """Every tool of the config's `sanitizer` section over one process that runs `variant` (built as
+    `build_verdict` says) on the config's small shape and the variant's own sanitizer_shapes; the
+    verdict records both."""
+    target = [sys.executable, str(TARGET), "--variant", variant.name, "--variant-dir", str(variant.folder),
+              "--build", str(build_verdict),
+              "--B", str(cfg["shape"]["B"]), "--H", str(cfg["shape"]["H"]), "--S", str(cfg["shape"]["S"])]
+    log_dir.mkdir(parents=True, exist_ok=True)
+    result = verdict(run_tools(sanitizer, cfg["tools"], cfg["padding_bytes"], target, log_dir))
+    result.update(shape=cfg["shape"], variant_shapes=variant.sanitizer_shapes, padding_bytes=cfg["padding_bytes"],
+                  environment="PYTORCH_NO_CUDA_MEMORY_CACHING=1")
+    return result
