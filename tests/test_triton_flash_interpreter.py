@@ -49,6 +49,8 @@ if not kernel._INTERPRETER:
 
 # The launch configuration the pipeline runs: variant.yaml's tunables, its one home.
 TUNABLES = defaults(load_variant(VARIANT_DIR))
+POINTER_LOADS = {"TMA_D64": 0, "TMA_D128": 0}
+TMA_LOADS = {"TMA_D64": 1, "TMA_D128": 1}
 
 
 def forward(q, k, v, out, causal, scale, tunables=TUNABLES):
@@ -120,7 +122,7 @@ def test_causal_first_row_is_first_value_row():
 def test_other_tile_shapes(block_m, block_n):
     """Other tiles: BLOCK_M > BLOCK_N (rows fully masked in the second diagonal block),
     BLOCK_N > BLOCK_M (the diagonal block starts before the tile), small tiles."""
-    tunables = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, "TMA": 0}
+    tunables = {"BLOCK_M": block_m, "BLOCK_N": block_n, "num_warps": 4, "num_stages": 2, **POINTER_LOADS}
     for causal in (False, True):
         q, k, v = make_qkv(1, 2, 150, 64, torch.float16, "cpu", seed=11)
         out = poisoned_like(q)
@@ -133,10 +135,10 @@ def test_other_tile_shapes(block_m, block_n):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_tensor_descriptor_loads(dtype, head_dim):
-    """TMA=1: Q, K and V come through [B*H, S, D] descriptors. Ragged lengths (a box past S must
+    """TMA on: Q, K and V come through [B*H, S, D] descriptors. Ragged lengths (a box past S must
     read zeros, not the next head's rows, which hold large values here), both masks, tiles
     wider than the sequence."""
-    tunables = {**TUNABLES, "TMA": 1}
+    tunables = {**TUNABLES, **TMA_LOADS}
     for S, (block_m, block_n) in ((77, (64, 64)), (150, (128, 64)), (5, (64, 32))):
         tunables.update(BLOCK_M=block_m, BLOCK_N=block_n)
         q, k, v = make_qkv(2, 3, S, head_dim, DTYPES[dtype], "cpu", seed=21, distribution="large")
@@ -148,7 +150,7 @@ def test_tensor_descriptor_loads(dtype, head_dim):
             assert err["nonfinite"] == 0
             assert err["max_abs"] <= 1.5 * _sdpa_err(q, k, v, causal, 0.125, ref) + ULP_FLOOR[dtype], (S, causal)
             pointers = poisoned_like(q)
-            forward(q, k, v, pointers, causal, 0.125, {**tunables, "TMA": 0})
+            forward(q, k, v, pointers, causal, 0.125, {**tunables, **POINTER_LOADS})
             assert torch.equal(out, pointers), (S, causal)   # the same tiles, the same arithmetic
 
 
@@ -210,9 +212,10 @@ def test_metadata_declares_the_launch_configuration():
 
 @pytest.mark.parametrize("tunables,match", [
     (None, "variant.yaml"),
-    ({"BLOCK_M": 64}, "exactly BLOCK_M, BLOCK_N, num_warps, num_stages, TMA"),
-    ({"BLOCK_M": 48, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 0}, "BLOCK_M must be a power of two"),
-    ({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA": 2}, "TMA must be 0 or 1"),
+    ({"BLOCK_M": 64}, "exactly BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_D64, TMA_D128"),
+    ({"BLOCK_M": 48, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, **POINTER_LOADS}, "BLOCK_M must be a power of two"),
+    ({"BLOCK_M": 64, "BLOCK_N": 64, "num_warps": 4, "num_stages": 3, "TMA_D64": 0, "TMA_D128": 2},
+     "TMA_D128 must be 0 or 1"),
 ])
 def test_forward_needs_a_valid_launch_configuration(tunables, match):
     q, k, v, out = _qkv_out()
@@ -220,16 +223,26 @@ def test_forward_needs_a_valid_launch_configuration(tunables, match):
         kernel.forward(q, k, v, out, False, 0.125, tunables=tunables)
 
 
-def test_tma_refuses_a_misaligned_input_in_one_line():
-    """A tensor descriptor's base must be 16-byte aligned: a contiguous view two bytes in is refused
-    before any launch, naming the fix."""
-    q, k, v, out = _qkv_out()
-    shifted = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
-    shifted.copy_(q)
-    with pytest.raises(ValueError, match="16-byte aligned.*TMA=0"):
-        kernel.forward(shifted, k, v, out, False, 0.125, tunables={**TUNABLES, "TMA": 1})
-    kernel.forward(shifted, k, v, out, False, 0.125, tunables={**TUNABLES, "TMA": 0})
-    assert torch.isfinite(out).all()
+def test_tma_is_chosen_per_head_dim_and_a_misaligned_input_takes_the_pointer_loads():
+    """The TMA knob of the input's head dim decides the loads; a tensor descriptor's base must be
+    16-byte aligned, so a contiguous view two bytes in takes the pointer loads, with the same result."""
+    for head_dim in (64, 128):
+        q, k, v = make_qkv(1, 2, 40, head_dim, torch.float16, "cpu", seed=3)
+        knob = kernel.TMA_KNOB[head_dim]
+        assert kernel.takes_tma({**POINTER_LOADS, knob: 1}, q, k, v)
+        assert not kernel.takes_tma({**TMA_LOADS, knob: 0}, q, k, v)
+        shifted = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
+        shifted.copy_(q)
+        assert not kernel.takes_tma(TMA_LOADS, shifted, k, v)
+        out, aligned = poisoned_like(q), poisoned_like(q)
+        kernel.forward(shifted, k, v, out, False, 0.125, tunables={**TUNABLES, **TMA_LOADS})
+        kernel.forward(q, k, v, aligned, False, 0.125, tunables={**TUNABLES, **POINTER_LOADS})
+        assert torch.equal(out, aligned)
+
+
+def test_the_defaults_take_tma_at_d128_only():
+    """variant.yaml's defaults (NOTES.md, run 27): descriptors at D=128, pointer loads at D=64."""
+    assert (TUNABLES["TMA_D64"], TUNABLES["TMA_D128"]) == (0, 1)
 
 
 def test_the_runner_passes_variant_yaml_tunables_and_the_build_records_them():

@@ -28,7 +28,8 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * LOG2_E)
 
 # The launch configuration comes from variant.yaml (`tunables:`, the one home of its defaults):
-# the runner passes it as forward's `tunables` (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA); no
+# the runner passes it as forward's `tunables` (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_D64,
+# TMA_D128); no
 # autotune, so every run times the same kernel. The defaults, 64x64 tiles, 4 warps (one
 # warpgroup: one wgmma M=64 tile), 3 stages for both head dims, came from this hand sweep on one
 # H200 (triton 3.6, fp16, do_bench; graph replay for S=512), us per call:
@@ -43,7 +44,10 @@ LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * LOG2_E)
 #   (* spills). 64-row tiles double the programs (small grids fill more SMs, the causal
 #   triangle balances better) at 119-168 registers and 56 KiB (D=64) / 112 KiB (D=128) of
 #   shared memory; 128x64 at 8 warps is 10% faster only on the largest non-causal D=128 shape.
-TUNABLES = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA")
+TUNABLES = ("BLOCK_M", "BLOCK_N", "num_warps", "num_stages", "TMA_D64", "TMA_D128")
+# Q, K and V through TMA tensor descriptors, chosen per head dim (NOTES.md, run 27: 1.09-1.19x the
+# pointer loads on every D=128 shape of an H100, no gain at D=64).
+TMA_KNOB = {64: "TMA_D64", 128: "TMA_D128"}
 HEAD_DIMS = (64, 128)
 
 SUPPORTED_DTYPES = (torch.float16, torch.bfloat16)
@@ -198,7 +202,7 @@ _INTERPRETER = not isinstance(_triton_flash_fwd, triton.runtime.jit.JITFunction)
 # compiled kernels launched by this process, one per specialisation: keyed by (dtype, head dim,
 # causal, compiled hash); the hash also tells apart Triton's own specialisations of seq_len
 # (== 1, divisible by 16 or not)
-_launched: dict[tuple, tuple[object, dict[str, int], int]] = {}
+_launched: dict[tuple, tuple[object, dict[str, int], int, bool]] = {}
 
 
 def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor) -> None:
@@ -235,7 +239,7 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
 def launch_config(tunables: Mapping[str, int] | None) -> dict[str, int]:
     """The launch configuration forward() was given: exactly TUNABLES, tiles powers of two >= 16."""
     if tunables is None:
-        raise ValueError("forward() needs tunables= (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA: "
+        raise ValueError("forward() needs tunables= (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_D64, TMA_D128: "
                          "kernels/triton_flash/variant.yaml's `tunables`, which the runner passes)")
     if set(tunables) != set(TUNABLES):
         raise ValueError(f"tunables must be exactly {', '.join(TUNABLES)}; got {', '.join(sorted(tunables))}")
@@ -243,9 +247,16 @@ def launch_config(tunables: Mapping[str, int] | None) -> dict[str, int]:
     for name in ("BLOCK_M", "BLOCK_N"):
         if config[name] < 16 or config[name] & (config[name] - 1):
             raise ValueError(f"{name} must be a power of two >= 16, got {config[name]}")
-    if config["TMA"] not in (0, 1):
-        raise ValueError(f"TMA must be 0 or 1, got {config['TMA']}")
+    for name in TMA_KNOB.values():
+        if config[name] not in (0, 1):
+            raise ValueError(f"{name} must be 0 or 1, got {config[name]}")
     return config
+
+
+def takes_tma(config: Mapping[str, int], q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether forward loads through tensor descriptors: its head dim's TMA knob is on and every
+    input's base is 16-byte aligned (a descriptor's requirement; others take the pointer loads)."""
+    return bool(config[TMA_KNOB[q.shape[-1]]]) and not any(t.data_ptr() % 16 for t in (q, k, v))
 
 
 def head_descriptor(t: torch.Tensor, rows: int) -> TensorDescriptor:
@@ -266,10 +277,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     batch, heads, seq_len, head_dim = q.shape
     config = launch_config(tunables)
     grid = (triton.cdiv(seq_len, config["BLOCK_M"]), batch * heads)
-    use_tma = bool(config["TMA"])
-    if use_tma and any(t.data_ptr() % 16 for t in (q, k, v)):
-        raise ValueError("TMA=1 needs q, k and v at 16-byte aligned addresses (a tensor descriptor's "
-                         "base); use TMA=0 for these inputs")
+    use_tma = takes_tma(config, q, k, v)
     descriptors = ((head_descriptor(q, config["BLOCK_M"]), head_descriptor(k, config["BLOCK_N"]),
                     head_descriptor(v, config["BLOCK_N"])) if use_tma else (None, None, None))
     compiled = _triton_flash_fwd[grid](
@@ -281,7 +289,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     if not _INTERPRETER and compiled is not None:
         key = (str(q.dtype).removeprefix("torch."), head_dim, bool(causal), str(compiled.hash))
         if key not in _launched:
-            _launched[key] = (compiled, dict(config), seq_len)
+            _launched[key] = (compiled, dict(config), seq_len, use_tma)
 
 
 def compiled_resources() -> list[dict]:
@@ -292,7 +300,7 @@ def compiled_resources() -> list[dict]:
     ``metadata.shared`` is the static + dynamic shared memory in bytes.
     """
     resources = []
-    for (dtype, head_dim, causal, _), (compiled, config, seq_len) in sorted(_launched.items()):
+    for (dtype, head_dim, causal, _), (compiled, config, seq_len, use_tma) in sorted(_launched.items()):
         metadata = compiled.metadata
         n_spills = getattr(compiled, "n_spills", None)
         resources.append({
@@ -303,7 +311,7 @@ def compiled_resources() -> list[dict]:
             "shared_bytes": getattr(metadata, "shared", None),
             "num_warps": getattr(metadata, "num_warps", config["num_warps"]),
             "num_stages": getattr(metadata, "num_stages", config["num_stages"]),
-            "config": {"BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "TMA": config["TMA"],
+            "config": {"BLOCK_M": config["BLOCK_M"], "BLOCK_N": config["BLOCK_N"], "TMA": int(use_tma),
                        "HEAD_DIM": head_dim, "IS_CAUSAL": causal,
                        "dtype": dtype},
             # a sequence length that compiled it (Triton specialises S == 1 and S % 16 == 0)
