@@ -525,6 +525,15 @@ def test_summary_marks_a_speedup_the_run_could_not_pin(gpu_leaderboard):
     assert f"- ⚠ good, {SMALL.label} fp16 [graph x32]: {flag} (a rerun may not repeat this ratio)" in text
 
 
+def test_summary_lists_a_host_bound_eager_call(gpu_leaderboard):
+    good = by_name(gpu_leaderboard)["good"]
+    assert good["host_flags"] == []  # the canned timings carry no host time
+    flag = ("host-bound: a call takes 50 µs of host time; SDPA's 12 µs, more than the 35 µs of GPU "
+            "work queued before it, so up to 15 µs of the 127 µs p50 can be the host's")
+    good["host_flags"] = [f"{LARGE.label} fp16 [eager]: {flag}"]
+    assert f"- ⚠ good, {LARGE.label} fp16 [eager]: {flag}" in report.render(gpu_leaderboard)
+
+
 def test_render_gpu_summary(gpu_leaderboard):
     text = report.render(gpu_leaderboard)
     assert "| variant | kind | build | sanitizer | parity | bench | ncu | analysis | outcome | measured at |" in text

@@ -58,6 +58,19 @@ def ceiling_flag(achieved_tflops: float, achieved_gbps: float, ceilings: dict | 
     return None
 
 
+def host_flag(variant_host_us: float | None, sdpa_host_us: float | None, hidden_us: float | None,
+              variant_p50_us: float) -> str | None:
+    """An eager call whose host time outlasts the GPU work queued before it (the L2 flush) leaves
+    the GPU idle inside the timed interval: its p50 then holds host time, which moves with the
+    host's load from run to run. None when the host time is hidden (or was not measured)."""
+    if variant_host_us is None or hidden_us is None or variant_host_us <= hidden_us:
+        return None
+    sdpa = f"; SDPA's {sdpa_host_us:.0f} µs" if sdpa_host_us is not None else ""
+    return (f"host-bound: a call takes {variant_host_us:.0f} µs of host time{sdpa}, more than the "
+            f"{hidden_us:.0f} µs of GPU work queued before it, so up to {variant_host_us - hidden_us:.0f} µs "
+            f"of the {variant_p50_us:.0f} µs p50 can be the host's")
+
+
 def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: ToleranceRule,
                ceilings: dict | None) -> dict:
     import torch
@@ -89,7 +102,8 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
     clock_after = sm_clock_mhz()
     modes = {}
     for mode, by_name in measured.items():
-        v_stats, s_stats = by_name["variant"]["stats"], by_name["sdpa"]["stats"]
+        variant, sdpa = by_name["variant"], by_name["sdpa"]
+        v_stats, s_stats = variant["stats"], sdpa["stats"]
         achieved = tflops(shape.flops, v_stats["p50_us"])
         achieved_gbps = gbps(shape.min_bytes(dtype), v_stats["p50_us"])
         firmness = speedup_interval(by_name["sdpa"]["samples_us"], by_name["variant"]["samples_us"])
@@ -108,6 +122,11 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
             "sdpa_tflops": tflops(shape.flops, s_stats["p50_us"]),
             "variant_gbps": achieved_gbps,
             "sanity_flag": ceiling_flag(achieved, achieved_gbps, ceilings, dtype),
+            "variant_host_us": variant.get("host_p50_us"),
+            "sdpa_host_us": sdpa.get("host_p50_us"),
+            "host_hidden_us": variant.get("hidden_us"),
+            "host_flag": host_flag(variant.get("host_p50_us"), sdpa.get("host_p50_us"),
+                                   variant.get("hidden_us"), v_stats["p50_us"]),
         }
     check = recheck(variant_forward, last_called[0], shape, dtype, rule)
     del last_called
@@ -141,7 +160,9 @@ def run(variant: Variant, forward, shapes: list[Shape], dtypes: list[str], timin
              if c["status"] == "measured" for m in c["modes"].values() if m["sanity_flag"]]
     unpinned = [c["label"] + " " + c["dtype"] + f" [{m['label']}]: " + m["repeat_flag"] for c in cases
                 if c["status"] == "measured" for m in c["modes"].values() if m["repeat_flag"]]
+    host_bound = [c["label"] + " " + c["dtype"] + f" [{m['label']}]: " + m["host_flag"] for c in cases
+                  if c["status"] == "measured" for m in c["modes"].values() if m.get("host_flag")]
     status = "fail" if rechecks_failed else "measured"
     reasons = [f"output wrong on fresh inputs after timing: {', '.join(rechecks_failed)}"] if rechecks_failed else []
     return {"status": status, "reasons": reasons, "sanity_flags": flags, "repeat_flags": unpinned,
-            "clock_spin_up": spin_up, "cases": cases}
+            "host_flags": host_bound, "clock_spin_up": spin_up, "cases": cases}

@@ -186,6 +186,7 @@ def variant_entry(layout: ResultsLayout, name: str) -> dict:
         "geomean_speedup_p50": geomean([r["speedup_p50"] for r in speedups]),
         "sanity_flags": records["bench"].get("sanity_flags", []),
         "repeat_flags": records["bench"].get("repeat_flags", []),
+        "host_flags": records["bench"].get("host_flags", []),
         "bottlenecks": top_findings(records["analysis"]),
         "roofline": records["analysis"].get("roofline"),
         "sm_busy_pct": (records["analysis"].get("key_metrics") or {}).get("sm_throughput_pct"),

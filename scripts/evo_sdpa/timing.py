@@ -136,14 +136,17 @@ def _warm(call: Callable[[], None], warmup_ms: float) -> None:
 
 
 def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
-                         before_each: Callable[[], None], calls_per_sample: int) -> tuple[dict, str]:
+                         before_each: Callable[[], None], calls_per_sample: int) -> tuple[dict, dict, str]:
     """Sample every callable between CUDA events on one stream, round by round, until the stop
     rule ends it. The order alternates each round so neither side always runs on a warmer GPU;
-    `before_each` runs outside the timed region (L2 reset and flush)."""
+    `before_each` runs outside the timed region (L2 reset and flush). Also returns each call's
+    host time (Python to the return of the launch), the part of a call the events cannot see
+    unless the GPU runs out of queued work while the host is still launching."""
     import torch
 
     names = list(timed)
     samples: dict[str, list[float]] = {name: [] for name in names}
+    host: dict[str, list[float]] = {name: [] for name in names}
     stream = torch.cuda.current_stream()
     start_wall = time.perf_counter()
     ended_by = None
@@ -156,7 +159,9 @@ def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
             before_each()
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record(stream)
+            launched = time.perf_counter()
             timed[name]()
+            host[name].append((time.perf_counter() - launched) * 1e6 / calls_per_sample)
             end.record(stream)
             events.append((name, begin, end))
         torch.cuda.synchronize()
@@ -172,7 +177,24 @@ def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
             gpu_ms = sum(sum(s) for s in series) * calls_per_sample / 1000.0
             ended_by = rule.check(series, wall_ms, gpu_ms)
             next_check = round_index + max(1, round_index // 32)
-    return samples, ended_by
+    return samples, host, ended_by
+
+
+def gpu_time_us(call: Callable[[], None], repeats: int = 5) -> float:
+    """The median GPU time of `call` between CUDA events, the queue drained before each."""
+    import torch
+
+    stream = torch.cuda.current_stream()
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        begin.record(stream)
+        call()
+        end.record(stream)
+        torch.cuda.synchronize()
+        times.append(begin.elapsed_time(end) * 1e3)
+    return sorted(times)[len(times) // 2]
 
 
 def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: float,
@@ -190,11 +212,13 @@ def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: 
 
     for call in calls.values():
         _warm(call, warmup_ms)
-    samples, ended_by = _interleaved_samples(calls, rule, before_each, calls_per_sample=1)
+    # Host time up to this much is hidden: the GPU is still on the flush while the host launches.
+    hidden_us = gpu_time_us(before_each)
+    samples, host, ended_by = _interleaved_samples(calls, rule, before_each, calls_per_sample=1)
     cache = "L2 flushed before each call" if flush else "L2 not flushed"
     if reset_l2.available:
         cache += "; persisting-L2 window reset"
-    return _results(samples, ended_by, mode="eager", cache=cache)
+    return _results(samples, ended_by, mode="eager", cache=cache, host=host, hidden_us=hidden_us)
 
 
 def capture_graph(call: Callable[[int], None], n_sets: int, graph_calls: int):
@@ -224,8 +248,8 @@ def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls
     for graph in graphs.values():
         _warm(graph.replay, warmup_ms)
     reset_l2 = PersistingL2Reset(torch.cuda.current_stream().cuda_stream)
-    samples, ended_by = _interleaved_samples({name: g.replay for name, g in graphs.items()}, rule,
-                                             reset_l2, calls_per_sample=graph_calls)
+    samples, _, ended_by = _interleaved_samples({name: g.replay for name, g in graphs.items()}, rule,
+                                                reset_l2, calls_per_sample=graph_calls)
     cache = f"{n_sets} input sets rotated per replay" + (
         " (together larger than L2)" if n_sets > 1 else " (one set: fits in L2)")
     if reset_l2.available:
@@ -239,9 +263,18 @@ def input_sets_beyond_l2(set_bytes: int, cap: int) -> int:
     return max(1, min(cap, needed))
 
 
-def _results(samples: dict[str, list[float]], ended_by: str, mode: str, cache: str) -> dict:
-    return {name: {"samples_us": s, "stats": summarize(s), "ended_by": ended_by,
-                   "mode": mode, "cache": cache} for name, s in samples.items()}
+def _results(samples: dict[str, list[float]], ended_by: str, mode: str, cache: str,
+             host: dict[str, list[float]] | None = None, hidden_us: float | None = None) -> dict:
+    """Per callable: its samples and their statistics; in eager mode also the p50 of its host
+    time per call and the GPU time before each call that hides host time (`hidden_us`)."""
+    results = {}
+    for name, s in samples.items():
+        results[name] = {"samples_us": s, "stats": summarize(s), "ended_by": ended_by,
+                         "mode": mode, "cache": cache}
+        if host is not None:
+            results[name]["host_p50_us"] = summarize(host[name])["p50_us"]
+            results[name]["hidden_us"] = hidden_us
+    return results
 
 
 def time_shape(factories: dict[str, Callable], shape, dtype: str, timing: dict, seed: int = 0) -> dict:
