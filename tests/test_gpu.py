@@ -80,6 +80,29 @@ def test_eager_timing_measures_a_known_duration():
     expected_us = cycles / 1980.0  # at the H100/H200 boost clock; slower clocks take longer
     assert 0.8 * expected_us < p50 < 5 * expected_us, (p50, expected_us)
     assert result["sleep"]["ended_by"] in {"converged", "time cap"}
+    # a launch of _sleep is a few µs of host time, hidden behind the flush queued before it
+    assert 0 < result["sleep"]["host_p50_us"] < result["sleep"]["hidden_us"]
+
+
+def test_host_time_beyond_the_flush_lands_in_the_eager_p50_and_is_flagged():
+    """The cause of Triton's run-to-run eager ratios (triton_flash NOTES, run 30): a call that spends
+    longer on the host than the GPU spends on the flush before it is timed with the GPU idle."""
+    import time
+
+    import torch
+
+    from evo_sdpa.bench import host_flag
+    from evo_sdpa.timing import time_eager
+
+    def slow_host_call():
+        time.sleep(0.0005)
+        torch.cuda._sleep(20_000)
+
+    rule = StopRule(min_samples=20, min_time_ms=1, max_time_ms=2000, rel_spread=0.05)
+    result = time_eager({"slow": slow_host_call}, rule, warmup_ms=5, flush=True)["slow"]
+    assert result["host_p50_us"] > 500 > result["hidden_us"]
+    assert result["stats"]["p50_us"] > 500 - result["hidden_us"]  # the idle GPU is inside the interval
+    assert host_flag(result["host_p50_us"], None, result["hidden_us"], result["stats"]["p50_us"])
 
 
 def test_sanitizer_catches_an_out_of_bounds_access(scalar_forward, tmp_path):
