@@ -264,3 +264,107 @@ def test_the_runner_passes_variant_yaml_tunables_and_the_build_records_them():
     q, k, v, out = _qkv_out((1, 2, 40, 64))
     forward(q, k, v, out, True, 0.125)
     assert torch.isfinite(out).all()
+
+
+# ------------------------------------------------------------- the launch past Triton's JIT dispatch
+
+
+class FakeCompiled:
+    """What the JIT returns: a compiled kernel whose launcher records each launch."""
+
+    def __init__(self, name):
+        self.hash, self.function, self.packed_metadata, self.runs = name, f"fn-{name}", f"meta-{name}", []
+
+    def launch_metadata(self, grid, stream, *args):
+        return None
+
+    def run(self, *launch):
+        self.runs.append(launch)
+
+
+class FakeJit:
+    def __init__(self):
+        self.launches = []
+
+    def __getitem__(self, grid):
+        def launch(num_warps, num_stages, **kwargs):
+            self.launches.append((grid, kwargs))
+            return FakeCompiled(f"k{len(self.launches)}")
+        return launch
+
+
+@pytest.fixture
+def compiled_path(monkeypatch):
+    """kernel.py as on a GPU (not interpreted), with a fake JIT and driver."""
+    import types
+
+    jit = FakeJit()
+    fake_triton = types.SimpleNamespace(
+        cdiv=kernel.triton.cdiv,
+        knobs=types.SimpleNamespace(runtime=types.SimpleNamespace(launch_enter_hook=None, launch_exit_hook=None)),
+        runtime=types.SimpleNamespace(driver=types.SimpleNamespace(active=types.SimpleNamespace(
+            get_current_device=lambda: 0, get_current_stream=lambda device: "stream0"))))
+    monkeypatch.setattr(kernel, "triton", fake_triton)
+    monkeypatch.setattr(kernel, "_triton_flash_fwd", jit)
+    monkeypatch.setattr(kernel, "_INTERPRETER", False)
+    monkeypatch.setattr(kernel, "_FAST_LAUNCH", True)
+    monkeypatch.setattr(kernel, "_check_inputs", lambda *tensors: None)
+    monkeypatch.setattr(kernel, "_compiled", {})
+    monkeypatch.setattr(kernel, "_launched", {})
+    return jit
+
+
+def test_the_bound_arguments_follow_the_kernels_parameters():
+    import inspect
+
+    function = getattr(kernel._triton_flash_fwd, "fn", kernel._triton_flash_fwd)
+    assert tuple(inspect.signature(function).parameters) == kernel.KERNEL_PARAMS
+
+
+def test_a_launched_specialisation_is_launched_again_past_the_jit(compiled_path):
+    q, k, v, out = _qkv_out((1, 2, 40, 64))
+    kernel.forward(q, k, v, out, False, 0.125, TUNABLES)
+    assert len(compiled_path.launches) == 1
+    grid, bound = compiled_path.launches[0]
+    assert tuple(bound) == kernel.KERNEL_PARAMS and grid == (1, 2)
+    compiled = next(iter(kernel._compiled.values()))
+    kernel.forward(q, k, v, out, False, 0.125, TUNABLES)
+    assert len(compiled_path.launches) == 1 and len(compiled.runs) == 1
+    launch = compiled.runs[0]
+    assert launch[:9] == (1, 2, 1, "stream0", compiled.function, compiled.packed_metadata, None, None, None)
+    assert len(launch) == 9 + len(bound)
+    for sent, first in zip(launch[9:], bound.values()):  # the same tensors, the same values
+        assert sent is first if isinstance(first, torch.Tensor) else sent == first
+    assert len(kernel._launched) == 1
+
+
+@pytest.mark.parametrize("change", ["seq_len_multiple_of_16", "seq_len_one", "misaligned_out", "causal",
+                                    "bf16", "tiles", "stages"])
+def test_anything_triton_specialises_on_goes_through_the_jit(compiled_path, change):
+    """A call that differs in anything Triton compiles a separate kernel for (an integer's
+    divisibility by 16 or == 1, a pointer's 16-byte alignment, a constexpr, a launch option) is
+    never sent to another specialisation's launcher."""
+    q, k, v, out = _qkv_out((1, 2, 40, 64))
+    kernel.forward(q, k, v, out, False, 0.125, TUNABLES)
+    causal, tunables = False, dict(TUNABLES)
+    if change == "seq_len_multiple_of_16":
+        q, k, v, out = _qkv_out((1, 2, 48, 64))
+    elif change == "seq_len_one":
+        q, k, v, out = _qkv_out((1, 2, 1, 64))
+    elif change == "misaligned_out":
+        out = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
+    elif change == "causal":
+        causal = True
+    elif change == "bf16":
+        q, k, v, out = _qkv_out((1, 2, 40, 64), torch.bfloat16)
+    elif change == "tiles":
+        tunables["BLOCK_M"] = 128
+    else:
+        tunables["num_stages"] = 2
+    kernel.forward(q, k, v, out, causal, 0.125, tunables)
+    assert len(compiled_path.launches) == 2
+    assert all(not c.runs for c in kernel._compiled.values())
+
+
+def test_under_the_interpreter_every_call_goes_through_the_jit():
+    assert kernel._INTERPRETER and kernel._compiled == {}
