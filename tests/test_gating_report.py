@@ -528,10 +528,16 @@ def test_summary_marks_a_speedup_the_run_could_not_pin(gpu_leaderboard):
 def test_summary_lists_a_host_bound_eager_call(gpu_leaderboard):
     good = by_name(gpu_leaderboard)["good"]
     assert good["host_flags"] == []  # the canned timings carry no host time
-    flag = ("host-bound: a call takes 50 µs of host time; SDPA's 12 µs, more than the 35 µs of GPU "
-            "work queued before it, so up to 15 µs of the 127 µs p50 can be the host's")
+    assert all(r["host_flag"] is None for r in good["speedups"])
+    flag = ("host-bound: the variant's call takes 50 µs of host time, more than the 35 µs of GPU "
+            "work queued before it, so up to 15 µs of its 127 µs p50 can be the host's")
+    row = next(r for r in good["speedups"] if r["shape"] == LARGE.label)
+    row["host_flag"] = flag
     good["host_flags"] = [f"{LARGE.label} fp16 [eager]: {flag}"]
-    assert f"- ⚠ good, {LARGE.label} fp16 [eager]: {flag}" in report.render(gpu_leaderboard)
+    text = report.render(gpu_leaderboard)
+    assert f"- ⚠ good, {LARGE.label} fp16 [eager]: {flag}" in text
+    line = next(l for l in text.splitlines() if l.startswith(f"| good | {LARGE.label} |"))
+    assert f"| {row['speedup_p50']:.3f} ⚠ |" in line
 
 
 def test_render_gpu_summary(gpu_leaderboard):

@@ -102,7 +102,7 @@ def test_host_time_beyond_the_flush_lands_in_the_eager_p50_and_is_flagged():
     result = time_eager({"slow": slow_host_call}, rule, warmup_ms=5, flush=True)["slow"]
     assert result["host_p50_us"] > 500 > result["hidden_us"]
     assert result["stats"]["p50_us"] > 500 - result["hidden_us"]  # the idle GPU is inside the interval
-    assert host_flag(result["host_p50_us"], None, result["hidden_us"], result["stats"]["p50_us"])
+    assert host_flag(result["host_p50_us"], None, result["hidden_us"], result["stats"]["p50_us"], 0.0)
 
 
 def test_sanitizer_catches_an_out_of_bounds_access(scalar_forward, tmp_path):

@@ -51,7 +51,7 @@ def test_each_call_records_its_host_time_beside_its_gpu_time(fake_cuda):
         {"slow_host": gpu_work(100.0, host_s=0.003), "fast_host": gpu_work(50.0)}, rule,
         before_each=lambda: None, calls_per_sample=1)
     assert samples["slow_host"][0] == pytest.approx(100.0) and samples["fast_host"][0] == pytest.approx(50.0)
-    assert min(host["slow_host"]) >= 3000.0 > max(host["fast_host"])
+    assert min(host["slow_host"]) >= 3000.0 > max(host["fast_host"])  # from the flush's queueing on
     assert len(host["slow_host"]) == len(samples["slow_host"]) >= 5
 
 
@@ -69,11 +69,21 @@ def test_eager_results_carry_the_host_p50_and_the_hidden_time():
 
 
 def test_a_call_whose_host_time_outlasts_the_flush_is_flagged():
-    flag = host_flag(50.0, 12.0, 35.0, 127.0)
-    assert flag.startswith("host-bound: a call takes 50 µs of host time; SDPA's 12 µs")
-    assert "35 µs of GPU work queued before it" in flag and "up to 15 µs of the 127 µs p50" in flag
+    flag = host_flag(50.0, 12.0, 35.0, 127.0, 100.0)
+    assert flag == ("host-bound: the variant's call takes 50 µs of host time, more than the 35 µs of GPU "
+                    "work queued before it, so up to 15 µs of its 127 µs p50 can be the host's")
 
 
-@pytest.mark.parametrize("variant_host,hidden", [(30.0, 35.0), (35.0, 35.0), (None, 35.0), (50.0, None)])
-def test_hidden_or_unmeasured_host_time_is_not_flagged(variant_host, hidden):
-    assert host_flag(variant_host, 12.0, hidden, 100.0) is None
+def test_sdpa_outlasting_the_flush_is_flagged_too():
+    """Either side of the ratio holding host time makes it move from run to run."""
+    flag = host_flag(20.0, 60.0, 35.0, 127.0, 100.0)
+    assert flag == ("host-bound: SDPA's call takes 60 µs of host time, more than the 35 µs of GPU "
+                    "work queued before it, so up to 25 µs of its 100 µs p50 can be the host's")
+    both = host_flag(50.0, 60.0, 35.0, 127.0, 100.0)
+    assert both.count("µs of host time") == 2 and "the variant's" in both and "SDPA's" in both
+
+
+@pytest.mark.parametrize("variant_host,sdpa_host,hidden", [(30.0, 12.0, 35.0), (35.0, 35.0, 35.0),
+                                                           (None, None, 35.0), (50.0, 60.0, None)])
+def test_hidden_or_unmeasured_host_time_is_not_flagged(variant_host, sdpa_host, hidden):
+    assert host_flag(variant_host, sdpa_host, hidden, 100.0, 90.0) is None

@@ -338,8 +338,9 @@ def test_a_launched_specialisation_is_launched_again_past_the_jit(compiled_path)
     assert len(kernel._launched) == 1
 
 
-@pytest.mark.parametrize("change", ["seq_len_multiple_of_16", "seq_len_one", "misaligned_out", "causal",
-                                    "bf16", "tiles", "stages"])
+@pytest.mark.parametrize("change", ["seq_len_multiple_of_16", "seq_len_one", "misaligned_out", "misaligned_q",
+                                    "causal", "bf16", "head_dim_128", "tma_on", "tiles", "key_tiles", "warps",
+                                    "stages"])
 def test_anything_triton_specialises_on_goes_through_the_jit(compiled_path, change):
     """A call that differs in anything Triton compiles a separate kernel for (an integer's
     divisibility by 16 or == 1, a pointer's 16-byte alignment, a constexpr, a launch option) is
@@ -353,12 +354,25 @@ def test_anything_triton_specialises_on_goes_through_the_jit(compiled_path, chan
         q, k, v, out = _qkv_out((1, 2, 1, 64))
     elif change == "misaligned_out":
         out = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape)
+    elif change == "misaligned_q":  # with TMA on, this also switches the loads to pointers
+        tunables["TMA_D64"] = 1
+        kernel.forward(q, k, v, out, causal, 0.125, tunables)
+        q = torch.empty(q.numel() + 1, dtype=q.dtype)[1:].view(q.shape).copy_(q)
+        compiled_path.launches.pop()
+    elif change == "head_dim_128":
+        q, k, v, out = _qkv_out((1, 2, 40, 128))
+    elif change == "tma_on":
+        tunables["TMA_D64"] = 1
     elif change == "causal":
         causal = True
     elif change == "bf16":
         q, k, v, out = _qkv_out((1, 2, 40, 64), torch.bfloat16)
     elif change == "tiles":
         tunables["BLOCK_M"] = 128
+    elif change == "key_tiles":
+        tunables["BLOCK_N"] = 32
+    elif change == "warps":
+        tunables["num_warps"] = 8
     else:
         tunables["num_stages"] = 2
     kernel.forward(q, k, v, out, causal, 0.125, tunables)
@@ -366,5 +380,16 @@ def test_anything_triton_specialises_on_goes_through_the_jit(compiled_path, chan
     assert all(not c.runs for c in kernel._compiled.values())
 
 
-def test_under_the_interpreter_every_call_goes_through_the_jit():
-    assert kernel._INTERPRETER and kernel._compiled == {}
+def test_under_the_interpreter_every_call_goes_through_the_jit(monkeypatch):
+    interpreted, jit_calls = kernel._triton_flash_fwd, []
+
+    class Counting:
+        def __getitem__(self, grid):
+            jit_calls.append(grid)
+            return interpreted[grid]
+
+    monkeypatch.setattr(kernel, "_triton_flash_fwd", Counting())
+    q, k, v, out = _qkv_out()
+    for _ in range(2):
+        kernel.forward(q, k, v, out, False, 0.125, TUNABLES)
+    assert kernel._INTERPRETER and len(jit_calls) == 2 and kernel._compiled == {}

@@ -285,7 +285,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     # every argument of the kernel, in its parameter order (the fast launch passes them positionally)
     bound = dict(zip(KERNEL_PARAMS, (
         q, k, v, out, *descriptors, seq_len, scale * LOG2_E,
-        head_dim, config["BLOCK_M"], config["BLOCK_N"], bool(causal), use_tma, _INTERPRETER)))
+        head_dim, config["BLOCK_M"], config["BLOCK_N"], bool(causal), use_tma, _INTERPRETER), strict=True))
     if _INTERPRETER:
         _triton_flash_fwd[grid](**bound, num_warps=config["num_warps"], num_stages=config["num_stages"])
         return
@@ -307,10 +307,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
 # Most of a call's host time is Triton's JIT dispatch: binding the arguments and hashing the
 # specialisation, then the launch (34-53 µs a call on an H100 host, NOTES.md run 30; the eager
 # bench times the part the L2 flush does not hide). A specialisation launched once is launched
-# again through its compiled launcher, the call JITFunction.run ends with (Triton 3.3 and later).
-# The key holds everything Triton specialises this kernel on: the device, the pointers' dtype
-# and 16-byte alignment, seq_len == 1 and seq_len % 16 (its integer specialisations), the
-# constexprs and the launch options. The scale, a float, is not specialised.
+# again through its compiled launcher, the call JITFunction.run ends with (Triton 3.4 and later,
+# where triton.knobs holds the launch hooks; older versions keep the JIT path). The key holds
+# everything Triton specialises this kernel on: the current device (Triton loads a kernel per
+# device), the pointers' dtype and 16-byte alignment, seq_len == 1 and seq_len % 16 (its integer
+# specialisations), the constexprs and the launch options. The scale, a float, is not specialised.
 _FAST_LAUNCH = hasattr(triton, "knobs")
 _compiled: dict[tuple, object] = {}
 
@@ -318,7 +319,7 @@ _compiled: dict[tuple, object] = {}
 def specialisation_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        config: Mapping[str, int], causal: bool, use_tma: bool) -> tuple:
     seq_len = q.shape[2]
-    return (q.device.index, q.dtype, q.shape[3], bool(causal), use_tma,
+    return (triton.runtime.driver.active.get_current_device(), q.dtype, q.shape[3], bool(causal), use_tma,
             config["BLOCK_M"], config["BLOCK_N"], config["num_warps"], config["num_stages"],
             seq_len == 1, seq_len % 16 == 0, seq_len < 2**31,
             tuple(t.data_ptr() % 16 == 0 for t in (q, k, v, out)))

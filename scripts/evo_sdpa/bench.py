@@ -59,16 +59,22 @@ def ceiling_flag(achieved_tflops: float, achieved_gbps: float, ceilings: dict | 
 
 
 def host_flag(variant_host_us: float | None, sdpa_host_us: float | None, hidden_us: float | None,
-              variant_p50_us: float) -> str | None:
+              variant_p50_us: float, sdpa_p50_us: float) -> str | None:
     """An eager call whose host time outlasts the GPU work queued before it (the L2 flush) leaves
     the GPU idle inside the timed interval: its p50 then holds host time, which moves with the
-    host's load from run to run. None when the host time is hidden (or was not measured)."""
-    if variant_host_us is None or hidden_us is None or variant_host_us <= hidden_us:
+    host's load from run to run. Either side of the ratio may be; None when both are hidden (or
+    were not measured)."""
+    if hidden_us is None:
         return None
-    sdpa = f"; SDPA's {sdpa_host_us:.0f} µs" if sdpa_host_us is not None else ""
-    return (f"host-bound: a call takes {variant_host_us:.0f} µs of host time{sdpa}, more than the "
-            f"{hidden_us:.0f} µs of GPU work queued before it, so up to {variant_host_us - hidden_us:.0f} µs "
-            f"of the {variant_p50_us:.0f} µs p50 can be the host's")
+    sides = [(who, host, p50) for who, host, p50 in (("the variant", variant_host_us, variant_p50_us),
+                                                     ("SDPA", sdpa_host_us, sdpa_p50_us))
+             if host is not None and host > hidden_us]
+    if not sides:
+        return None
+    return "host-bound: " + "; ".join(
+        f"{who}'s call takes {host:.0f} µs of host time, more than the {hidden_us:.0f} µs of GPU work "
+        f"queued before it, so up to {host - hidden_us:.0f} µs of its {p50:.0f} µs p50 can be the host's"
+        for who, host, p50 in sides)
 
 
 def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: ToleranceRule,
@@ -126,7 +132,7 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
             "sdpa_host_us": sdpa.get("host_p50_us"),
             "host_hidden_us": variant.get("hidden_us"),
             "host_flag": host_flag(variant.get("host_p50_us"), sdpa.get("host_p50_us"),
-                                   variant.get("hidden_us"), v_stats["p50_us"]),
+                                   variant.get("hidden_us"), v_stats["p50_us"], s_stats["p50_us"]),
         }
     check = recheck(variant_forward, last_called[0], shape, dtype, rule)
     del last_called

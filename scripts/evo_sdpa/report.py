@@ -91,6 +91,7 @@ def speedup_rows(bench: dict) -> list[dict]:
             "sanity_flag": mode["sanity_flag"], "ended_by": mode["ended_by"],
             "firm": mode["ended_by"] in FIRM_ENDINGS,
             "speedup_p50_ci95": mode.get("speedup_p50_ci95"), "repeat_flag": mode.get("repeat_flag"),
+            "host_flag": mode.get("host_flag"),
         })
     return rows
 

@@ -140,8 +140,9 @@ def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
     """Sample every callable between CUDA events on one stream, round by round, until the stop
     rule ends it. The order alternates each round so neither side always runs on a warmer GPU;
     `before_each` runs outside the timed region (L2 reset and flush). Also returns each call's
-    host time (Python to the return of the launch), the part of a call the events cannot see
-    unless the GPU runs out of queued work while the host is still launching."""
+    host time from the moment the work before it was queued to the call's return: while the GPU
+    still runs that work the host time is hidden; beyond it, the GPU idles inside the timed
+    interval."""
     import torch
 
     names = list(timed)
@@ -157,9 +158,9 @@ def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
         events = []
         for name in order:
             before_each()
+            launched = time.perf_counter()
             begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record(stream)
-            launched = time.perf_counter()
             timed[name]()
             host[name].append((time.perf_counter() - launched) * 1e6 / calls_per_sample)
             end.record(stream)
