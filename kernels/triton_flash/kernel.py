@@ -29,8 +29,7 @@ LOG2_E = 1.4426950408889634  # exp(x) == exp2(x * LOG2_E)
 
 # The launch configuration comes from variant.yaml (`tunables:`, the one home of its defaults):
 # the runner passes it as forward's `tunables` (BLOCK_M, BLOCK_N, num_warps, num_stages, TMA_D64,
-# TMA_D128); no
-# autotune, so every run times the same kernel. The defaults, 64x64 tiles, 4 warps (one
+# TMA_D128); no autotune, so every run times the same kernel. The defaults, 64x64 tiles, 4 warps (one
 # warpgroup: one wgmma M=64 tile), 3 stages for both head dims, came from this hand sweep on one
 # H200 (triton 3.6, fp16, do_bench; graph replay for S=512), us per call:
 #   shape B,H,S,D,causal   128x64 4w  64x64 4w  128x64 8w  64x128 4w  128x128 8w   SDPA
@@ -289,10 +288,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     if _INTERPRETER:
         _triton_flash_fwd[grid](**bound, num_warps=config["num_warps"], num_stages=config["num_stages"])
         return
-    key = specialisation_key(q, k, v, out, config, causal, use_tma)
+    device = triton.runtime.driver.active.get_current_device()
+    key = specialisation_key(device, q, k, v, out, config, causal, use_tma)
     compiled = _compiled.get(key)
     if compiled is not None:
-        _launch_compiled(compiled, grid, bound)
+        _launch_compiled(compiled, device, grid, bound)
         return
     compiled = _triton_flash_fwd[grid](**bound, num_warps=config["num_warps"], num_stages=config["num_stages"])
     if compiled is None:
@@ -316,18 +316,17 @@ _FAST_LAUNCH = hasattr(triton, "knobs")
 _compiled: dict[tuple, object] = {}
 
 
-def specialisation_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+def specialisation_key(device: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                        config: Mapping[str, int], causal: bool, use_tma: bool) -> tuple:
     seq_len = q.shape[2]
-    return (triton.runtime.driver.active.get_current_device(), q.dtype, q.shape[3], bool(causal), use_tma,
+    return (device, q.dtype, q.shape[3], bool(causal), use_tma,
             config["BLOCK_M"], config["BLOCK_N"], config["num_warps"], config["num_stages"],
             seq_len == 1, seq_len % 16 == 0, seq_len < 2**31,
             tuple(t.data_ptr() % 16 == 0 for t in (q, k, v, out)))
 
 
-def _launch_compiled(compiled, grid: tuple[int, int], bound: dict) -> None:
-    driver = triton.runtime.driver.active
-    stream = driver.get_current_stream(driver.get_current_device())
+def _launch_compiled(compiled, device: int, grid: tuple[int, int], bound: dict) -> None:
+    stream = triton.runtime.driver.active.get_current_stream(device)
     args = bound.values()
     hooks = triton.knobs.runtime
     compiled.run(grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata,

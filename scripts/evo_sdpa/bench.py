@@ -112,7 +112,7 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
         v_stats, s_stats = variant["stats"], sdpa["stats"]
         achieved = tflops(shape.flops, v_stats["p50_us"])
         achieved_gbps = gbps(shape.min_bytes(dtype), v_stats["p50_us"])
-        firmness = speedup_interval(by_name["sdpa"]["samples_us"], by_name["variant"]["samples_us"])
+        firmness = speedup_interval(sdpa["samples_us"], variant["samples_us"])
         modes[mode] = {
             "label": by_name["variant"]["mode"],
             "cache": by_name["variant"]["cache"],
@@ -164,11 +164,14 @@ def run(variant: Variant, forward, shapes: list[Shape], dtypes: list[str], timin
                        if c["status"] == "measured" and c["recheck"]["status"] != "pass"]
     flags = [c["label"] + " " + c["dtype"] + ": " + m["sanity_flag"] for c in cases
              if c["status"] == "measured" for m in c["modes"].values() if m["sanity_flag"]]
-    unpinned = [c["label"] + " " + c["dtype"] + f" [{m['label']}]: " + m["repeat_flag"] for c in cases
-                if c["status"] == "measured" for m in c["modes"].values() if m["repeat_flag"]]
-    host_bound = [c["label"] + " " + c["dtype"] + f" [{m['label']}]: " + m["host_flag"] for c in cases
-                  if c["status"] == "measured" for m in c["modes"].values() if m.get("host_flag")]
     status = "fail" if rechecks_failed else "measured"
     reasons = [f"output wrong on fresh inputs after timing: {', '.join(rechecks_failed)}"] if rechecks_failed else []
-    return {"status": status, "reasons": reasons, "sanity_flags": flags, "repeat_flags": unpinned,
-            "host_flags": host_bound, "clock_spin_up": spin_up, "cases": cases}
+    return {"status": status, "reasons": reasons, "sanity_flags": flags,
+            "repeat_flags": mode_flags(cases, "repeat_flag"), "host_flags": mode_flags(cases, "host_flag"),
+            "clock_spin_up": spin_up, "cases": cases}
+
+
+def mode_flags(cases: list[dict], key: str) -> list[str]:
+    """Every measured case's timing modes that raised the flag `key`, each labelled with its case and mode."""
+    return [c["label"] + " " + c["dtype"] + f" [{m['label']}]: " + m[key] for c in cases
+            if c["status"] == "measured" for m in c["modes"].values() if m.get(key)]
