@@ -1,6 +1,7 @@
 """Run one variant once per supported (dtype, head dim, causal) on a small shape whose length is
 not a tile multiple, then on each of the variant's own sanitizer_shapes: the process
 compute-sanitizer watches."""
+import itertools
 import math
 from pathlib import Path
 
@@ -27,15 +28,13 @@ def main() -> None:
     variant = load_variant(Path(args.variant_dir) if args.variant_dir else KERNELS_DIR / args.variant)
     forward = load_built(variant, read_json(args.build))
     s = variant.support
-    for shape in [{"B": args.B, "H": args.H, "S": args.S}, *variant.sanitizer_shapes]:
-        for dtype in s["dtypes"]:
-            for D in s["head_dims"]:
-                for causal in s["causal"]:
-                    q, k, v = make_qkv(shape["B"], shape["H"], shape["S"], D, torch_dtype(dtype), "cuda", 0)
-                    out = poisoned_like(q)
-                    forward(q, k, v, out, causal, 1.0 / math.sqrt(D))
-                    torch.cuda.synchronize()
-                    print(f"ran {shape} {dtype} D={D} causal={causal}: finite={bool(torch.isfinite(out).all())}")
+    shapes = [{"B": args.B, "H": args.H, "S": args.S}, *variant.sanitizer_shapes]
+    for shape, dtype, D, causal in itertools.product(shapes, s["dtypes"], s["head_dims"], s["causal"]):
+        q, k, v = make_qkv(shape["B"], shape["H"], shape["S"], D, torch_dtype(dtype), "cuda", 0)
+        out = poisoned_like(q)
+        forward(q, k, v, out, causal, 1.0 / math.sqrt(D))
+        torch.cuda.synchronize()
+        print(f"ran {shape} {dtype} D={D} causal={causal}: finite={bool(torch.isfinite(out).all())}")
 
 
 if __name__ == "__main__":
