@@ -140,3 +140,29 @@ def test_persistent_grid_reuses_its_buffers_tile_after_tile(persistent_build, dt
     rule = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})
     record = run_case(ParityCase(dtype, 2, 16, S, D, causal, "normal", 0), forward, rule, "cuda")
     assert record["status"] == "pass", record
+
+
+def test_176_key_tiles_get_cutes_extended_wgmma_shapes(tmp_path):
+    """CuTe's N=176 wgmma atoms come only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, whose headers
+    cost about half of every translation unit's compile time, so tunables.cuh defines it for the
+    176-key build alone, before the first CuTe header. The fp16 D=128 unit built that way issues one
+    64x176 wgmma per key tile (kernel_traits.cuh's static_assert stops the compile otherwise);
+    the default build (above) has no 176 at all."""
+    from evo_sdpa import nvcc as nvcc_lib, sass as sass_lib, tunables as tunables_lib
+    from evo_sdpa.build import required_include_dirs
+
+    needs_toolchain()
+    variant = v5_variant()
+    assert not any("EXTENDED_MMA" in flag for flag in variant.meta["build"]["nvcc_flags"])
+    values = tunables_lib.resolve(variant, {"block_n_d128_full": 176, "tma_epilogue": 0})
+    flags = [*variant.meta["build"]["nvcc_flags"], *tunables_lib.define_flags(variant, values)]
+    includes = [str(KERNELS_DIR / "common"), str(variant.folder),
+                *(str(p) for p in required_include_dirs(["cutlass"], None))]
+    obj = tmp_path / "inst_fp16_d128.o"
+    argv = nvcc_lib.object_command(shutil.which("nvcc"), str(variant.folder / "inst_fp16_d128.cu"), str(obj),
+                                   nvcc_lib.arch_gencode("9.0"), flags, includes)
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, listing = sass_lib.dump_sass(sass_lib.find_sass_tools(), obj)
+    shapes = {m for m in sass_lib.mnemonics(listing) if m.startswith("HGMMA.64x")}
+    assert any(m.startswith("HGMMA.64x176x16") for m in shapes), shapes

@@ -19,6 +19,7 @@
 // consumers have released a Q buffer, its Q) while the consumers finish the current one.
 #pragma once
 
+#include "tunables.cuh"  // first: it decides CuTe's wgmma shapes
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
@@ -31,7 +32,6 @@
 #include "mask.cuh"
 #include "online_softmax.cuh"
 #include "tile_scheduler.cuh"
-#include "tunables.cuh"
 #include "warpgroup_gemm.cuh"
 
 namespace v5_hopper {

@@ -15,6 +15,7 @@
 // rings, so a push may land while the owner is still in its key loop.
 #pragma once
 
+#include "tunables.cuh"  // first: it decides CuTe's wgmma shapes
 #include <cute/tensor.hpp>
 
 #include "sm90_cluster.cuh"

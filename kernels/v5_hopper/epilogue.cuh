@@ -7,6 +7,7 @@
 //     overlaps it, and only the next epilogue waits until the copy has read the slab.
 #pragma once
 
+#include "tunables.cuh"  // first: it decides CuTe's wgmma shapes
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_conversion.h>

@@ -5,6 +5,7 @@
 // lane l holds columns 8j + 2(l%4) + {0,1} of rows l/4 and l/4 + 8 (16 rows per warp).
 #pragma once
 
+#include "tunables.cuh"  // first: it decides CuTe's wgmma shapes
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_conversion.h>
 

@@ -3,6 +3,7 @@
 // for the per-element test.
 #pragma once
 
+#include "tunables.cuh"  // first: it decides CuTe's wgmma shapes
 #include <cmath>
 
 #include <cute/tensor.hpp>

@@ -3,11 +3,10 @@
 // scale * log2(e) inside one FFMA per element.
 #pragma once
 
+#include "tunables.cuh"  // first: it decides CuTe's wgmma shapes
 #include <cmath>
 
 #include <cute/tensor.hpp>
-
-#include "tunables.cuh"
 
 namespace v5_hopper {
 

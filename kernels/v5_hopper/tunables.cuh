@@ -78,3 +78,12 @@
 #ifndef V5_HOPPER_PDL
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
 #endif
+
+// CuTe's wgmma atoms for N = 176 come only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, whose
+// headers cost about 14 s of front end in every translation unit (19.5 s of a TU's 37.5 s on the
+// CPU host): defined for the 176-key build only. It must come before the first CuTe header, so every
+// header of this folder that includes CuTe includes this file first; if one did not, kernel_traits.cuh's
+// one-wgmma-per-tile static_assert fails rather than tiling 176 keys silently.
+#if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
+#define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+#endif

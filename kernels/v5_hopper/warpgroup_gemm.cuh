@@ -3,6 +3,7 @@
 // softmax of the previous tile.
 #pragma once
 
+#include "tunables.cuh"  // first: it decides CuTe's wgmma shapes
 #include <type_traits>
 
 #include <cute/tensor.hpp>
