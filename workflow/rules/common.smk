@@ -1,5 +1,6 @@
 # Input functions, wildcard constraints and the helpers that turn config into file lists.
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from evo_sdpa.deps import library_inputs, variant_inputs
 from evo_sdpa.device import device_id, query_gpu_cached
 from evo_sdpa.errors import StageError
 from evo_sdpa.io import rebuild_hint
+from evo_sdpa.pycache import use_bytecode_cache
 from evo_sdpa.variants import RESERVED, SDPA_ENTRY, discover, select
 
 # Every rule's shell command goes through logged(). A stage writes everything to its log; one
@@ -45,6 +47,9 @@ try:
     SELECTED = select(VARIANTS, config["variants"])
 except StageError as exc:
     stop(str(exc))
+
+# Jobs inherit this environment: on a host without bytecode, give them a cache of their own.
+use_bytecode_cache(os.environ, config["python_bytecode_cache"])
 
 # Remembered under .snakemake/ (nvidia-smi is slow on some hosts); the identity of the submitting
 # host: every measuring job records the card it really ran on, and the summary checks those.
