@@ -12,7 +12,7 @@ from evo_sdpa.pycache import OFF, PREFIX, use_bytecode_cache
 def test_host_without_bytecode_gets_a_cache_of_its_own(tmp_path):
     environ = {OFF: "1", "PATH": "/bin"}
     prefix = use_bytecode_cache(environ, tmp_path / "pycache")
-    assert prefix == str((tmp_path / "pycache").resolve())
+    assert prefix == str(tmp_path / "pycache")
     assert environ == {"PATH": "/bin", PREFIX: prefix}
 
 
@@ -20,6 +20,11 @@ def test_relative_cache_dir_is_made_absolute(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     environ = {OFF: "1"}
     assert use_bytecode_cache(environ, ".snakemake/pycache") == str(tmp_path / ".snakemake" / "pycache")
+
+
+def test_home_is_expanded(monkeypatch, tmp_path):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert use_bytecode_cache({OFF: "1"}, "~/pycache") == str(tmp_path / "pycache")
 
 
 def test_environment_left_alone_otherwise(tmp_path):
@@ -39,6 +44,7 @@ def test_a_job_started_from_it_writes_bytecode_under_the_prefix_only(tmp_path):
     environ = {**os.environ, OFF: "1"}
     environ.pop(PREFIX, None)
     prefix = use_bytecode_cache(environ, tmp_path / "cache")
-    subprocess.run([sys.executable, "-c", "import probe_module"], cwd=module.parent, env=environ, check=True)
+    environ["PYTHONPATH"] = str(module.parent)
+    subprocess.run([sys.executable, "-c", "import probe_module"], cwd=tmp_path, env=environ, check=True)
     assert not (module.parent / "__pycache__").exists()
     assert list(Path(prefix).rglob("probe_module*.pyc"))

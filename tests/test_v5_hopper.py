@@ -142,22 +142,43 @@ def test_persistent_grid_reuses_its_buffers_tile_after_tile(persistent_build, dt
     assert record["status"] == "pass", record
 
 
-def test_176_key_tiles_get_cutes_extended_wgmma_shapes(tmp_path):
-    """CuTe's N=176 wgmma atoms come only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, whose headers
-    cost about half of every translation unit's compile time, so tunables.cuh defines it for the
-    176-key build alone, before the first CuTe header. The fp16 D=128 unit built that way issues one
-    64x176 wgmma per key tile (kernel_traits.cuh's static_assert stops the compile otherwise);
-    the default build (above) has no 176 at all."""
+def defined_macros(variant, values: dict) -> set[str]:
+    """The macros tunables.cuh leaves defined under these tunable values (the preprocessor only)."""
+    from evo_sdpa import tunables as tunables_lib
+
+    argv = ["g++", "-std=c++17", "-E", "-dM", "-x", "c++", *tunables_lib.define_flags(variant, values),
+            str(variant.folder / "tunables.cuh")]
+    listing = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return {line.split()[1] for line in listing.splitlines() if line.startswith("#define ")}
+
+
+EXTENDED = "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED"
+
+
+def test_cutes_extended_wgmma_shapes_only_for_176_key_tiles():
+    """The extended shapes' headers cost about 14 s of every translation unit's front end (NOTES.md,
+    "Build time"): tunables.cuh defines the flag for the 176-key build alone, and no nvcc flag does."""
+    from evo_sdpa import tunables as tunables_lib
+
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    variant = v5_variant()
+    assert not any(EXTENDED in flag for flag in variant.meta["build"]["nvcc_flags"])
+    assert EXTENDED not in defined_macros(variant, tunables_lib.resolve(variant))
+    assert EXTENDED in defined_macros(variant, tunables_lib.resolve(variant, {"block_n_d128_full": 176,
+                                                                             "tma_epilogue": 0}))
+
+
+def test_176_key_tiles_get_one_64x176_wgmma(tmp_path):
+    """Built with 176-key tiles, the fp16 D=128 unit issues one 64x176 wgmma per key tile (without the
+    extended shapes, kernel_traits.cuh's static_assert stops the compile instead)."""
     from evo_sdpa import nvcc as nvcc_lib, sass as sass_lib, tunables as tunables_lib
-    from evo_sdpa.build import required_include_dirs
+    from evo_sdpa.build import compile_inputs
 
     needs_toolchain()
     variant = v5_variant()
-    assert not any("EXTENDED_MMA" in flag for flag in variant.meta["build"]["nvcc_flags"])
     values = tunables_lib.resolve(variant, {"block_n_d128_full": 176, "tma_epilogue": 0})
-    flags = [*variant.meta["build"]["nvcc_flags"], *tunables_lib.define_flags(variant, values)]
-    includes = [str(KERNELS_DIR / "common"), str(variant.folder),
-                *(str(p) for p in required_include_dirs(["cutlass"], None))]
+    flags, includes = compile_inputs(variant, values)
     obj = tmp_path / "inst_fp16_d128.o"
     argv = nvcc_lib.object_command(shutil.which("nvcc"), str(variant.folder / "inst_fp16_d128.cu"), str(obj),
                                    nvcc_lib.arch_gencode("9.0"), flags, includes)

@@ -34,8 +34,18 @@ def finished_run(tmp_path_factory) -> Path:
     git(root, "init", "-q")
     git(root, "add", "-A")
     git(root, "-c", "user.email=test@evo-sdpa", "-c", "user.name=test", "commit", "-qm", "the tree under test")
-    snakemake(root, "--cores", "2", "results/final/final_summary.md", "--configfile", "config/test.yaml")
+    snakemake(root, "--cores", "2", "results/final/final_summary.md", "--configfile", "config/test.yaml",
+              env=NO_BYTECODE_ENV)
     return root
+
+
+# A host that turns bytecode off (the H100 host does; common.smk gives the jobs a cache of their own).
+NO_BYTECODE_ENV = {**{k: v for k, v in CPU_ENV.items() if k != "PYTHONPYCACHEPREFIX"}, "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def test_jobs_cache_bytecode_outside_the_tree_on_a_host_without_bytecode(finished_run):
+    cached = list((finished_run / ".snakemake" / "pycache").rglob("evo_sdpa/*.pyc"))
+    assert cached, "the jobs wrote no bytecode under .snakemake/pycache"
 
 
 def test_lint_is_clean():

@@ -60,9 +60,10 @@ struct KernelTraits {
     using TiledMmaPV = decltype(make_tiled_mma(
         GMMA::rs_op_selector<Element, Element, ElementAccum, TileShapePV, GMMA::Major::K, GMMA::Major::MN>(),
         AtomLayoutMma{}));
-    // One wgmma spans the whole tile width. Without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (which
-    // tunables.cuh defines for the 176-key build) CuTe's selectors know only N of 256, 192, 128, 96, 64, ... and
-    // silently tile 176 keys as eleven 64x16 products: 0.70x of 128 keys (NOTES.md, run 13).
+    // One wgmma spans the whole tile width. Without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
+    // (tunables.cuh defines it for the 176-key build) CuTe's selectors know only N of 256, 192,
+    // 128, 96, 64, ... and silently tile 176 keys as eleven 64x16 products: 0.70x of 128 keys
+    // (NOTES.md, run 13).
     static_assert(size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN, "Q K^T: one wgmma per key tile width");
     static_assert(size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHeadDim, "P V: one wgmma per head dim");
 

@@ -3,6 +3,11 @@
 // stops the compile here rather than falling back on a second copy of the default.
 #pragma once
 
+// cute/config.hpp, which every CuTe header includes, defines CUTE_HOST_DEVICE.
+#ifdef CUTE_HOST_DEVICE
+#error "tunables.cuh must be included before any CuTe header: it decides which wgmma shapes CuTe declares"
+#endif
+
 // keys per pipeline stage
 #ifndef V5_HOPPER_BLOCK_N
 #error "V5_HOPPER_BLOCK_N undefined: the build passes it from variant.yaml (tunables.block_n)"
@@ -80,10 +85,10 @@
 #endif
 
 // CuTe's wgmma atoms for N = 176 come only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, whose
-// headers cost about 14 s of front end in every translation unit (19.5 s of a TU's 37.5 s on the
-// CPU host): defined for the 176-key build only. It must come before the first CuTe header, so every
-// header of this folder that includes CuTe includes this file first; if one did not, kernel_traits.cuh's
-// one-wgmma-per-tile static_assert fails rather than tiling 176 keys silently.
+// headers cost about 14 s of front end in every translation unit (the includes alone: 19.5 s with
+// it, 5.8 s without; NOTES.md, "Build time"): defined for the 176-key build only. It must come
+// before the first CuTe header, so every header of this folder that includes CuTe includes this
+// file first, and the check at the top of this file stops a translation unit that did not.
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif

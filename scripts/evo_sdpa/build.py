@@ -157,6 +157,16 @@ def step_record(step: Step) -> dict:
     return {"seconds": round(step.seconds, 2), "returncode": step.returncode, "command": step.command}
 
 
+def compile_inputs(variant: Variant, values: dict[str, int], cutlass_include: str | None = None) -> tuple[list[str], list[str]]:
+    """(nvcc flags, include folders) of a CUDA variant built with tunable `values`: its own flags,
+    one -D per tunable, kernels/common, its folder and the header libraries it requires."""
+    build = variant.meta["build"]
+    flags = list(build["nvcc_flags"]) + tunables_lib.define_flags(variant, values)
+    include_dirs = [str(KERNELS_DIR / SHARED_DIR), str(variant.folder)] + \
+        [str(path) for path in required_include_dirs(build["requires"], cutlass_include)]
+    return flags, include_dirs
+
+
 def build_cuda(variant: Variant, cc: str, outdir: Path, cutlass_include: str | None = None,
                tunable_values: dict[str, int] | None = None, jobs: int | None = None) -> tuple[dict, list[dict], str]:
     """Compile with nvcc; return (verdict, per-kernel resources, full compiler log).
@@ -169,10 +179,8 @@ def build_cuda(variant: Variant, cc: str, outdir: Path, cutlass_include: str | N
     (the threads the job was given; None: one per core)."""
     build = variant.meta["build"]
     values = tunables_lib.resolve(variant, tunable_values)
-    flags = list(build["nvcc_flags"]) + tunables_lib.define_flags(variant, values)
+    flags, include_dirs = compile_inputs(variant, values, cutlass_include)
     nvcc = require_tool("nvcc")
-    include_dirs = [str(KERNELS_DIR / SHARED_DIR), str(variant.folder)] + \
-        [str(path) for path in required_include_dirs(build["requires"], cutlass_include)]
     sass_tools = sass_lib.find_sass_tools() if build["sass_expect"] else None
     gencode = nvcc_lib.arch_gencode(cc)
     artifact = outdir / f"lib{variant.name}.so"

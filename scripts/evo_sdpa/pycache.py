@@ -23,7 +23,7 @@ def use_bytecode_cache(environ: MutableMapping[str, str], cache_dir: str | Path 
     bytecode normally it would compile every module again once instead of using site-packages'."""
     if cache_dir is None or not environ.get(OFF) or environ.get(PREFIX):
         return None
-    prefix = str(Path(cache_dir).resolve())
+    prefix = str(Path(cache_dir).expanduser().absolute())  # as the user sees it: no symlinks resolved
     del environ[OFF]
     environ[PREFIX] = prefix
     return prefix
