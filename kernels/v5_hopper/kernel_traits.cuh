@@ -67,6 +67,7 @@ struct KernelTraits {
     static_assert(size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN, "Q K^T: one wgmma per key tile width");
     static_assert(size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHeadDim, "P V: one wgmma per head dim");
 
+    static constexpr int kCausalOrder = V5_HOPPER_CAUSAL_ORDER;
     static constexpr int kMaxChains = kHeadDim == 64 ? V5_HOPPER_MAX_CHAINS_D64 : V5_HOPPER_MAX_CHAINS;
     static_assert(kMaxChains == 1 || kMaxChains == 4, "row maximum chains: 1 or 4");
     static constexpr int kSumChains = V5_HOPPER_SUM_CHAINS;

@@ -40,6 +40,16 @@ struct TileScheduler {
     }
 
     __device__ TileCoord coord(int tile) const {
+        if constexpr (kCausal && Traits::kCausalOrder != 0) {
+            // Longest first across heads: rank r holds every head's r-th longest tile. The hardware
+            // hands CTAs out in index order, so the last CTAs to start are the shortest.
+            const int heads_total = params.heads * params.batch;
+            if (Traits::kCausalOrder == 2 || int(gridDim.x) >= m_blocks() * heads_total) {
+                const int rank = tile / heads_total;
+                const int head_index = tile - rank * heads_total;
+                return {m_blocks() - 1 - rank, head_index % params.heads, head_index / params.heads};
+            }
+        }
         const int head_index = tile / m_blocks();
         const int within = tile - head_index * m_blocks();
         return {kCausal ? m_blocks() - 1 - within : within, head_index % params.heads, head_index / params.heads};

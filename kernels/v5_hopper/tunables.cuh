@@ -79,6 +79,10 @@
 #ifndef V5_HOPPER_KEY_SPLIT
 #error "V5_HOPPER_KEY_SPLIT undefined: the build passes it from variant.yaml (tunables.key_split)"
 #endif
+// causal tile order: 0 head by head, 1 longest first across heads (non-persistent grids), 2 always
+#ifndef V5_HOPPER_CAUSAL_ORDER
+#error "V5_HOPPER_CAUSAL_ORDER undefined: the build passes it from variant.yaml (tunables.causal_order)"
+#endif
 // launch with programmatic dependent launch
 #ifndef V5_HOPPER_PDL
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
