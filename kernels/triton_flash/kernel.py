@@ -146,12 +146,14 @@ def _triton_flash_fwd(Q, K, V, Out, Q_desc, K_desc, V_desc, seq_len, qk_scale_lo
                       IS_CAUSAL: tl.constexpr, USE_TMA: tl.constexpr, INTERPRETED: tl.constexpr):
     """Out[b, h, tile] = softmax(Q K^T * scale, masked) V for one tile of BLOCK_M query rows."""
     if IS_CAUSAL:
-        # heaviest query tiles (most keys) first, so the last wave holds the light ones
-        m_block = tl.cdiv(seq_len, BLOCK_M) - 1 - tl.program_id(0)
+        # every head's heaviest query tile (most keys) first, then every head's next one: programs
+        # start in index order, axis 0 fastest, so the last wave holds the light tiles of all heads
+        head = tl.program_id(0)
+        m_block = tl.cdiv(seq_len, BLOCK_M) - 1 - tl.program_id(1)
     else:
         m_block = tl.program_id(0)
+        head = tl.program_id(1)
     q_start = m_block * BLOCK_M
-    head = tl.program_id(1)
     head_offset = head.to(tl.int64) * seq_len * HEAD_DIM
     q_base = Q + head_offset
     k_base = K + head_offset
@@ -197,6 +199,7 @@ def _triton_flash_fwd(Q, K, V, Out, Q_desc, K_desc, V_desc, seq_len, qk_scale_lo
 
 # What @triton.jit made of the kernel decides it: TRITON_INTERPRET read when this module loaded.
 _INTERPRETER = not isinstance(_triton_flash_fwd, triton.runtime.jit.JITFunction)
+GRID_Y_MAX = 65535  # CUDA's limit on a grid's second dimension
 KERNEL_PARAMS = ("Q", "K", "V", "Out", "Q_desc", "K_desc", "V_desc", "seq_len", "qk_scale_log2",
                  "HEAD_DIM", "BLOCK_M", "BLOCK_N", "IS_CAUSAL", "USE_TMA", "INTERPRETED")
 
@@ -230,8 +233,8 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
         raise ValueError(f"head dim {head_dim} unsupported; supported: {list(HEAD_DIMS)}")
     if batch < 1 or heads < 1 or seq_len < 1:
         raise ValueError(f"empty shape {tuple(q.shape)}")
-    if batch * heads > 65535:
-        raise ValueError(f"B*H = {batch * heads} exceeds the grid's second dimension (65535)")
+    if batch * heads > GRID_Y_MAX:
+        raise ValueError(f"B*H = {batch * heads} exceeds the grid's second dimension ({GRID_Y_MAX})")
     if q.device.type == "cpu" and not _INTERPRETER:
         raise ValueError("CPU tensors need the Triton interpreter (TRITON_INTERPRET=1 before "
                          "importing triton)")
@@ -277,7 +280,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
         raise ValueError(f"scale must be finite, got {scale}")
     batch, heads, seq_len, head_dim = q.shape
     config = launch_config(tunables)
-    grid = (triton.cdiv(seq_len, config["BLOCK_M"]), batch * heads)
+    tiles = triton.cdiv(seq_len, config["BLOCK_M"])
+    if causal and tiles > GRID_Y_MAX:
+        raise ValueError(f"{tiles} query tiles of {config['BLOCK_M']} rows exceed the grid's second dimension "
+                         f"({GRID_Y_MAX}) of a causal launch: a larger BLOCK_M or a shorter sequence")
+    grid = (batch * heads, tiles) if causal else (tiles, batch * heads)
     use_tma = takes_tma(config, q, k, v)
     descriptors = ((head_descriptor(q, config["BLOCK_M"]), head_descriptor(k, config["BLOCK_N"]),
                     head_descriptor(v, config["BLOCK_N"])) if use_tma else (None, None, None))
