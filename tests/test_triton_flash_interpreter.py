@@ -406,3 +406,15 @@ def test_under_the_interpreter_every_call_goes_through_the_jit(monkeypatch):
     for _ in range(2):
         kernel.forward(q, k, v, out, False, 0.125, TUNABLES)
     assert kernel._INTERPRETER and len(jit_calls) == 2 and kernel._compiled == {}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_a_grid_past_cudas_second_dimension_is_refused_in_one_line(compiled_path, monkeypatch, causal):
+    """The second grid axis holds B*H (non-causal) or the query tiles (causal): past 65535 the
+    launch would fail inside the driver, so forward names the count and the limit first."""
+    monkeypatch.setattr(kernel, "GRID_Y_MAX", 3)
+    q, k, v, out = _qkv_out((1, 4, 200, 64) if not causal else (1, 1, 200, 64))
+    expected = "B\\*H = 4" if not causal else "4 query tiles of 64 rows \\(causal\\)"
+    with pytest.raises(ValueError, match=f"{expected} exceed the grid's second dimension \\(3\\)"):
+        kernel.forward(q, k, v, out, causal, 0.125, TUNABLES)
+    assert not compiled_path.launches

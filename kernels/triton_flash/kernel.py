@@ -233,8 +233,6 @@ def _check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.
         raise ValueError(f"head dim {head_dim} unsupported; supported: {list(HEAD_DIMS)}")
     if batch < 1 or heads < 1 or seq_len < 1:
         raise ValueError(f"empty shape {tuple(q.shape)}")
-    if batch * heads > GRID_Y_MAX:
-        raise ValueError(f"B*H = {batch * heads} exceeds the grid's second dimension ({GRID_Y_MAX})")
     if q.device.type == "cpu" and not _INTERPRETER:
         raise ValueError("CPU tensors need the Triton interpreter (TRITON_INTERPRET=1 before "
                          "importing triton)")
@@ -281,10 +279,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor
     batch, heads, seq_len, head_dim = q.shape
     config = launch_config(tunables)
     tiles = triton.cdiv(seq_len, config["BLOCK_M"])
-    if causal and tiles > GRID_Y_MAX:
-        raise ValueError(f"{tiles} query tiles of {config['BLOCK_M']} rows exceed the grid's second dimension "
-                         f"({GRID_Y_MAX}) of a causal launch: a larger BLOCK_M or a shorter sequence")
     grid = (batch * heads, tiles) if causal else (tiles, batch * heads)
+    if grid[1] > GRID_Y_MAX:
+        what = f"{tiles} query tiles of {config['BLOCK_M']} rows (causal)" if causal else f"B*H = {batch * heads}"
+        raise ValueError(f"{what} exceed the grid's second dimension ({GRID_Y_MAX})")
     use_tma = takes_tma(config, q, k, v)
     descriptors = ((head_descriptor(q, config["BLOCK_M"]), head_descriptor(k, config["BLOCK_N"]),
                     head_descriptor(v, config["BLOCK_N"])) if use_tma else (None, None, None))
