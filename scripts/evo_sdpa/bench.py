@@ -113,10 +113,11 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
         achieved = tflops(shape.flops, v_stats["p50_us"])
         achieved_gbps = gbps(shape.min_bytes(dtype), v_stats["p50_us"])
         firmness = speedup_interval(sdpa["samples_us"], variant["samples_us"])
+        host_us, sdpa_host_us, hidden_us = variant.get("host_p50_us"), sdpa.get("host_p50_us"), variant.get("hidden_us")
         modes[mode] = {
-            "label": by_name["variant"]["mode"],
-            "cache": by_name["variant"]["cache"],
-            "ended_by": by_name["variant"]["ended_by"],
+            "label": variant["mode"],
+            "cache": variant["cache"],
+            "ended_by": variant["ended_by"],
             "variant": v_stats,
             "sdpa": s_stats,
             "speedup_p50": s_stats["p50_us"] / v_stats["p50_us"],
@@ -128,11 +129,10 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
             "sdpa_tflops": tflops(shape.flops, s_stats["p50_us"]),
             "variant_gbps": achieved_gbps,
             "sanity_flag": ceiling_flag(achieved, achieved_gbps, ceilings, dtype),
-            "variant_host_us": variant.get("host_p50_us"),
-            "sdpa_host_us": sdpa.get("host_p50_us"),
-            "host_hidden_us": variant.get("hidden_us"),
-            "host_flag": host_flag(variant.get("host_p50_us"), sdpa.get("host_p50_us"),
-                                   variant.get("hidden_us"), v_stats["p50_us"], s_stats["p50_us"]),
+            "variant_host_us": host_us,
+            "sdpa_host_us": sdpa_host_us,
+            "host_hidden_us": hidden_us,
+            "host_flag": host_flag(host_us, sdpa_host_us, hidden_us, v_stats["p50_us"], s_stats["p50_us"]),
         }
     check = recheck(variant_forward, last_called[0], shape, dtype, rule)
     del last_called

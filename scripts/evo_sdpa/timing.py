@@ -195,7 +195,7 @@ def gpu_time_us(call: Callable[[], None], repeats: int = 5) -> float:
         end.record(stream)
         torch.cuda.synchronize()
         times.append(begin.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
+    return percentile(times, 50)
 
 
 def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: float,
