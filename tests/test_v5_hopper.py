@@ -187,3 +187,81 @@ def test_176_key_tiles_get_one_64x176_wgmma(tmp_path):
     _, listing = sass_lib.dump_sass(sass_lib.find_sass_tools(), obj)
     shapes = {m for m in sass_lib.mnemonics(listing) if m.startswith("HGMMA.64x")}
     assert any(m.startswith("HGMMA.64x176x16") for m in shapes), shapes
+
+
+WALK_PROGRAM = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "tile_order.cuh"
+int main(int argc, char** argv) {
+    const v5_hopper::TileOrder order{std::atoi(argv[1]), std::atoi(argv[2]), std::atoi(argv[3]),
+                                     std::atoi(argv[4]), std::atoi(argv[5]) != 0};
+    for (int cta = 0; cta < order.grid; ++cta) {
+        for (int t = order.first(cta); order.valid(t); t = order.next(t)) {
+            int m_block, head_index;
+            order.locate(t, m_block, head_index);
+            std::printf("%d %d %d\n", cta, m_block, head_index);
+        }
+    }
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def tile_walk(tmp_path_factory):
+    """Walks every CTA of a launch through tile_order.cuh, compiled for the host: {cta: [(m_block,
+    head_index), ...]} in the order each CTA visits its tiles."""
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    folder = tmp_path_factory.mktemp("tile_order")
+    (folder / "walk.cpp").write_text(WALK_PROGRAM)
+    binary = folder / "walk"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{v5_variant().folder}", str(folder / "walk.cpp"),
+                    "-o", str(binary)], check=True, capture_output=True, text=True)
+
+    def walk(m_blocks: int, heads_total: int, grid: int, order: int, causal: bool = True) -> dict[int, list]:
+        out = subprocess.run([str(binary), str(m_blocks), str(heads_total), str(grid), str(order), str(int(causal))],
+                             check=True, capture_output=True, text=True).stdout
+        lists: dict[int, list] = {}
+        for line in out.splitlines():
+            cta, m_block, head_index = map(int, line.split())
+            lists.setdefault(cta, []).append((m_block, head_index))
+        return lists
+    return walk
+
+
+def makespan(lists: dict[int, list], per_tile: float = 0.5) -> float:
+    """The longest CTA's work with one key tile per query tile of 128 rows at the diagonal (the
+    D=128 causal tiles: m_block + 1 key tiles) plus a fixed cost per tile."""
+    return max(sum(m_block + 1 + per_tile for m_block, _ in tiles) for tiles in lists.values())
+
+
+@pytest.mark.parametrize("order", [0, 1, 2, 3])
+@pytest.mark.parametrize("m_blocks, heads_total, grid", [
+    (16, 64, 132), (16, 32, 132), (17, 8, 132), (17, 40, 132), (1, 300, 132), (2, 5, 3), (16, 64, 1024), (33, 3, 99)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_every_tile_is_visited_once(tile_walk, order, m_blocks, heads_total, grid, causal):
+    lists = tile_walk(m_blocks, heads_total, grid, order, causal)
+    visited = sorted(tile for tiles in lists.values() for tile in tiles)
+    assert visited == sorted((m, h) for m in range(m_blocks) for h in range(heads_total))
+
+
+def test_paired_order_balances_the_persistent_stride(tile_walk):
+    """4,16,2048,128 causal on 132 SMs: head by head the stride gives CTAs 56-80 key tiles; pairs of one
+    head's k-th longest and k-th shortest tiles (17 key tiles each) give every CTA 3 or 4 pairs, and keep
+    a pass of the grid within about 17 heads (rank order spans all 64)."""
+    head_by_head = tile_walk(16, 64, 132, 1)
+    paired = tile_walk(16, 64, 132, 3)
+    assert makespan(head_by_head) == 84
+    assert makespan(paired) == 4 * 17 + 4 * 2 * 0.5
+    for tiles in paired.values():
+        for (longer, head_a), (shorter, head_b) in zip(tiles[::2], tiles[1::2]):
+            assert head_a == head_b and longer + shorter == 15 and longer > shorter
+    first_pass = {tiles[0][1] for tiles in paired.values()}
+    assert len(first_pass) == 17
+
+
+def test_paired_order_keeps_rank_order_below_a_persistent_grid(tile_walk):
+    """One CTA per tile (1,8,4096,128 causal: 256 tiles): order 3 is order 1, every head's longest first."""
+    assert tile_walk(32, 8, 256, 3) == tile_walk(32, 8, 256, 1)
+    assert [tiles[0] for _, tiles in sorted(tile_walk(32, 8, 256, 3).items())][:8] == [(31, h) for h in range(8)]

@@ -1,20 +1,15 @@
-// Which query tiles a CTA computes. Tiles are numbered head by head (batch-major), and within a
-// head from the longest to the shortest when causal, so the CTAs running at any moment share a
-// few heads' K and V in L2 and short causal tiles fill the end of the run. A CTA takes tiles
-// blockIdx.x, blockIdx.x + gridDim.x, ...: one tile per CTA with a grid of all tiles, or a
-// persistent grid of one CTA per SM that keeps its barriers, rings and registers across tiles.
-// In a cluster key split the key_splits CTAs of a cluster share one query tile.
+// Which query tiles a CTA computes, in the order tile_order.cuh gives: one tile per CTA with a
+// grid of all tiles, or a persistent grid of one CTA per SM that keeps its barriers, rings and
+// registers across the tiles of its stride. In a cluster key split the key_splits CTAs of a
+// cluster share one query tile.
 #pragma once
 
 #include <climits>
 
 #include "sm90_cluster.cuh"
+#include "tile_order.cuh"
 
 namespace v5_hopper {
-
-struct TileCoord {
-    int m_block, head, batch;
-};
 
 // Reads the problem size from the kernel's parameters (constant memory) on every call instead of
 // holding it: at 160 registers a consumer of the 192-row tile has none to spare across its loop.
@@ -24,9 +19,14 @@ struct TileScheduler {
     typename Traits::Params const& params;
 
     __device__ int m_blocks() const { return (params.seq_len + kBlockM - 1) / kBlockM; }
-    __device__ int first() const { return Traits::kSplit ? int(blockIdx.x) / params.key_splits : int(blockIdx.x); }
-    __device__ int next(int tile) const { return Traits::kSplit ? INT_MAX : tile + int(gridDim.x); }
-    __device__ bool valid(int tile) const { return tile < m_blocks() * params.heads * params.batch; }
+    __device__ TileOrder order() const {
+        return {m_blocks(), params.heads * params.batch, int(gridDim.x), Traits::kCausalOrder, kCausal};
+    }
+    __device__ int first() const {
+        return Traits::kSplit ? int(blockIdx.x) / params.key_splits : order().first(int(blockIdx.x));
+    }
+    __device__ int next(int tile) const { return Traits::kSplit ? INT_MAX : order().next(tile); }
+    __device__ bool valid(int tile) const { return order().valid(tile); }
 
     // The key tiles [begin, end) of `keys` (a KeyTiles) this CTA visits: all of them, or in a
     // split its rank's share (the host splits no tile into more shares than it has key tiles).
@@ -40,19 +40,9 @@ struct TileScheduler {
     }
 
     __device__ TileCoord coord(int tile) const {
-        if constexpr (kCausal && Traits::kCausalOrder != 0) {
-            // Longest first across heads: rank r holds every head's r-th longest tile. The hardware
-            // hands CTAs out in index order, so the last CTAs to start are the shortest.
-            const int heads_total = params.heads * params.batch;
-            if (Traits::kCausalOrder == 2 || int(gridDim.x) >= m_blocks() * heads_total) {
-                const int rank = tile / heads_total;
-                const int head_index = tile - rank * heads_total;
-                return {m_blocks() - 1 - rank, head_index % params.heads, head_index / params.heads};
-            }
-        }
-        const int head_index = tile / m_blocks();
-        const int within = tile - head_index * m_blocks();
-        return {kCausal ? m_blocks() - 1 - within : within, head_index % params.heads, head_index / params.heads};
+        int m_block, head_index;
+        order().locate(tile, m_block, head_index);
+        return {m_block, head_index % params.heads, head_index / params.heads};
     }
 };
 

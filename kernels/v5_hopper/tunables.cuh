@@ -79,7 +79,8 @@
 #ifndef V5_HOPPER_KEY_SPLIT
 #error "V5_HOPPER_KEY_SPLIT undefined: the build passes it from variant.yaml (tunables.key_split)"
 #endif
-// causal tile order: 0 head by head, 1 longest first across heads (non-persistent grids), 2 always
+// causal tile order: 0 head by head, 1 longest first across heads (non-persistent grids), 2 always,
+// 3 as 1 plus long/short pairs of one head on persistent grids (tile_order.cuh)
 #ifndef V5_HOPPER_CAUSAL_ORDER
 #error "V5_HOPPER_CAUSAL_ORDER undefined: the build passes it from variant.yaml (tunables.causal_order)"
 #endif
