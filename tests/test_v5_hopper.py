@@ -128,8 +128,9 @@ def test_persistent_grid_reuses_its_buffers_tile_after_tile(persistent_build, dt
     """With `persistent=1` a CTA per SM walks the query tiles: B2 H16 S1100 gives each CTA two or
     three (288 tiles of 128 rows on 132 SMs), S4000 about eight (1024), so every barrier's phase
     wraps more than once. The epilogue's O slabs, the K/V rings and the barriers are reused tile
-    after tile, and the last tile of each head has rows past S that the TMA store must clip. The
-    parity tiers' shapes are too small to give a CTA a second tile."""
+    after tile, and the last tile of each head has rows past S that the TMA store must clip. Causal,
+    each CTA steps over pairs of one head's tiles (causal_order 3; S1100 leaves each head's middle
+    tile of nine alone). The parity tiers' shapes are too small to give a CTA a second tile."""
     from evo_sdpa.parity import ParityCase, run_case
     from evo_sdpa.runners import load_forward
     from evo_sdpa.tolerance import ToleranceRule
