@@ -6,6 +6,7 @@ from evo_sdpa.cli import parser
 from evo_sdpa.inputs import make_qkv
 from evo_sdpa.io import read_json
 from evo_sdpa.profiling import NVTX_RANGE
+from evo_sdpa.provenance import report_card
 from evo_sdpa.shapes import torch_dtype
 from evo_sdpa.variants import SDPA_ENTRY
 
@@ -22,7 +23,10 @@ def main() -> None:
     p.add_argument("--D", type=int, required=True)
     p.add_argument("--causal", type=int, required=True)
     p.add_argument("--dtype", required=True)
+    p.add_argument("--card", help="write the card this process runs on here (the ncu stage stamps its record with it)")
     args = p.parse_args()
+    if args.card:
+        report_card(args.card)
     import torch
 
     q, k, v = make_qkv(args.B, args.H, args.S, args.D, torch_dtype(args.dtype), "cuda", 0)

@@ -4,12 +4,12 @@ from pathlib import Path
 from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
-from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
+from evo_sdpa.device import NO_DEVICE_REASON, TORCH_SEES_NO_DEVICE, gpu_visible, require_tool
 from evo_sdpa.errors import fail, notice, run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json, write_text
 from evo_sdpa.profiling import profile
-from evo_sdpa.provenance import stamp
+from evo_sdpa.provenance import TARGET_CARD_FILE, stamp, target_card, target_found_no_device
 from evo_sdpa.variants import KERNELS_DIR, SDPA_ENTRY, load_variant
 
 
@@ -17,7 +17,7 @@ def reason_not_to_profile(entry: str, enabled: bool, bench: str | None, shape: d
     """A skipped record when this entry is not to be profiled here, else None."""
     if not enabled:
         return skipped("disabled in the config (stages.ncu: false)", disabled=True)
-    if not cuda_available():
+    if not gpu_visible():
         return skipped(f"not profiled: {NO_DEVICE_REASON}")
     if entry == SDPA_ENTRY:
         return None
@@ -48,15 +48,21 @@ def main() -> None:
     cfg = args.config_json["profile"]
     shape, dtype = cfg["shape"], cfg["dtype"]
     skip = reason_not_to_profile(args.entry, args.enabled, args.bench, shape, dtype)
+    reported = None
     if skip:
         status, csv_text = skip, ""
     else:
         ncu = require_tool("ncu")
-        status, csv_text = profile(ncu, args.entry, args.build, shape, dtype, cfg["launch_count"],
-                                   Path(args.csv).parent)
+        outdir = Path(args.csv).parent
+        status, csv_text = profile(ncu, args.entry, args.build, shape, dtype, cfg["launch_count"], outdir)
+        if target_found_no_device(outdir / TARGET_CARD_FILE):
+            skip = status = skipped(f"not profiled: {TORCH_SEES_NO_DEVICE}")
+            csv_text = ""
+        else:
+            reported = target_card(outdir / TARGET_CARD_FILE)
     status["entry"] = args.entry
     sources = None if args.entry == SDPA_ENTRY else variant_inputs(load_variant(KERNELS_DIR / args.entry))
-    stamp(status, sources, measured_on_card=skip is None)
+    stamp(status, sources, reported_card=reported)
     log.info("ncu %s: %s %s", args.entry, status["status"], "; ".join(status["reasons"]))
     if skip:
         notice(f"ncu {args.entry}: {status['reasons'][0]}; {args.csv} is left empty "

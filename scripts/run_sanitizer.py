@@ -4,11 +4,11 @@ from pathlib import Path
 from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
-from evo_sdpa.device import NO_DEVICE_REASON, cuda_available, require_tool
+from evo_sdpa.device import NO_DEVICE_REASON, TORCH_SEES_NO_DEVICE, gpu_visible, require_tool
 from evo_sdpa.errors import run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json
-from evo_sdpa.provenance import stamp
+from evo_sdpa.provenance import TARGET_CARD_FILE, stamp, target_card, target_found_no_device
 from evo_sdpa.sanitizer import check_variant
 from evo_sdpa.variants import KERNELS_DIR, load_variant
 
@@ -26,16 +26,19 @@ def main() -> None:
     cfg = args.config_json["sanitizer"]
     variant = load_variant(KERNELS_DIR / args.variant)
     cause = blocked_by(build=args.build)
+    card = Path(args.verdict).parent / TARGET_CARD_FILE
     if not args.enabled:
         result = skipped("disabled in the config (stages.sanitizer: false)", disabled=True)
-    elif not cuda_available():
+    elif not gpu_visible():
         result = skipped(f"not run: {NO_DEVICE_REASON}")
     elif cause:
         result = skipped_for("not run", cause)
     else:
         result = check_variant(require_tool("compute-sanitizer"), cfg, variant, Path(args.build),
                                Path(args.verdict).parent)
-    stamp(result, variant_inputs(variant), measured_on_card="tools" in result)
+        if target_found_no_device(card):
+            result = skipped(f"not run: {TORCH_SEES_NO_DEVICE}")
+    stamp(result, variant_inputs(variant), reported_card=target_card(card) if "tools" in result else None)
     result["variant"] = args.variant
     log.info("sanitizer %s: %s %s", args.variant, result["status"], "; ".join(result["reasons"]))
     write_json(args.verdict, result)

@@ -8,6 +8,7 @@ from pathlib import Path
 from evo_sdpa.cli import parser
 from evo_sdpa.inputs import make_qkv, poisoned_like
 from evo_sdpa.io import read_json
+from evo_sdpa.provenance import report_card
 from evo_sdpa.runners import load_built
 from evo_sdpa.shapes import torch_dtype
 from evo_sdpa.variants import KERNELS_DIR, load_variant
@@ -22,7 +23,11 @@ def main() -> None:
     p.add_argument("--B", type=int, required=True)
     p.add_argument("--H", type=int, required=True)
     p.add_argument("--S", type=int, required=True)
+    p.add_argument("--card", help="write the card this process runs on here (the sanitizer stage stamps its "
+                                  "record with it)")
     args = p.parse_args()
+    if args.card:
+        report_card(args.card)
     import torch
 
     variant = load_variant(Path(args.variant_dir) if args.variant_dir else KERNELS_DIR / args.variant)

@@ -913,3 +913,4 @@ def test_check_variant_runs_every_tool_on_the_target_with_the_variants_shapes(tm
     target = argv[argv.index(str(sanitizer.TARGET)):]
     assert target[target.index("--variant-dir") + 1] == str(v5.folder)
     assert target[target.index("--S") + 1] == "67"
+    assert target[target.index("--card") + 1] == str(tmp_path / "logs" / "card.json")

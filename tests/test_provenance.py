@@ -221,3 +221,73 @@ def test_damaged_ncu_csv_is_one_line_naming_it(tmp_path):
     assert str(excinfo.value).startswith(f"{path}: not an ncu raw-page CSV (") and "--forcerun" in str(excinfo.value)
     with pytest.raises(StageError, match="not an ncu raw-page CSV"):
         read_raw_csv(tmp_path / "absent.csv")
+
+
+# ================================================================ the card a target process reports
+
+def test_a_target_reports_its_card_and_exits_when_torch_sees_none(tmp_path, monkeypatch):
+    """The ncu and sanitizer stages run their work in a target process; it writes the card torch
+    gives it, and on a host whose driver lists a GPU but whose torch sees none it exits with
+    TARGET_NO_DEVICE_EXIT after saying so."""
+    path = tmp_path / "card.json"
+    monkeypatch.setenv("EVO_SDPA_FORCE_CPU", "1")
+    with pytest.raises(SystemExit) as excinfo:
+        provenance.report_card(path)
+    assert excinfo.value.code == provenance.TARGET_NO_DEVICE_EXIT
+    assert provenance.target_found_no_device(path)
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaaaaaa", "compute_capability": "9.0"}
+    monkeypatch.setattr(provenance, "card", lambda: h100)
+    provenance.report_card(path)
+    assert provenance.target_card(path) == h100 and not provenance.target_found_no_device(path)
+
+
+def test_a_target_that_wrote_no_card_falls_back_to_the_visible_card(tmp_path, fake_smi, monkeypatch):
+    """A target that failed before reporting: the stage stamps the card the driver lists as the
+    visible one (the card lock set CUDA_VISIBLE_DEVICES for both processes)."""
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbbbbbb-1111-2222-3333-444444444444")
+    absent = tmp_path / "card.json"
+    assert provenance.target_card(absent) == {"name": "NVIDIA H200", "uuid": "GPU-bbbbbbbb-1111-2222-3333-444444444444",
+                                              "compute_capability": "9.0"}
+    assert not provenance.target_found_no_device(absent)
+    absent.write_text("{trunc")
+    assert provenance.target_card(absent)["name"] == "NVIDIA H200"
+
+
+def test_stamp_takes_the_card_a_target_reported(monkeypatch):
+    monkeypatch.setattr(provenance, "card", lambda: pytest.fail("the stage's own process asked torch"))
+    reported = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaaaaaa", "compute_capability": "9.0"}
+    stamp = provenance.stamp({"status": "pass"}, reported_card=reported)["measured_at"]
+    assert stamp["card"] == reported and "lock" in stamp
+
+
+FAKE_SMI = "#!/bin/sh\necho '0, GPU-aaaaaaaa-1111-2222-3333-444444444444, NVIDIA H100 80GB HBM3, 9.0'\n"
+FAKE_NCU = "#!/bin/sh\necho 'ncu: no profiler here' >&2\nexit 1\n"
+
+
+def test_ncu_stage_never_imports_torch_in_its_own_process(tmp_path):
+    """On a GPU host the ncu stage's own process only starts ncu over the target, so it must not pay
+    torch's import (3-5 s a job on an H100 host): it asks the driver whether a GPU is visible and takes
+    the card from the target. Here a fake nvidia-smi lists an H100 and a fake ncu fails at once: the
+    stage records the failure, stamped with the visible card, and torch is in none of its imports."""
+    import os
+    import sys
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name, text in (("nvidia-smi", FAKE_SMI), ("ncu", FAKE_NCU)):
+        (bin_dir / name).write_text(text)
+        (bin_dir / name).chmod(0o755)
+    env = {k: v for k, v in os.environ.items() if k not in ("EVO_SDPA_FORCE_CPU", "CUDA_VISIBLE_DEVICES")}
+    env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", EVO_SDPA_LOCK_DIR=str(tmp_path / "locks"))
+    out = tmp_path / "nsight" / "sdpa"
+    cfg = {"profile": {"shape": {"B": 1, "H": 2, "S": 128, "D": 64, "causal": False}, "dtype": "fp16",
+                       "launch_count": 1}}
+    scripts = Path(provenance.__file__).resolve().parents[1]
+    proc = subprocess.run([sys.executable, "-X", "importtime", str(scripts / "run_ncu.py"), "--entry", "sdpa",
+                           "--enabled", "true", "--config-json", json.dumps(cfg), "--csv", str(out / "report.csv"),
+                           "--status", str(out / "status.json")], env=env, capture_output=True, text=True, cwd=tmp_path)
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "fail" and "no profiler here" in status["reasons"][0], proc.stderr[-2000:]
+    assert status["measured_at"]["card"]["name"] == "NVIDIA H100 80GB HBM3"
+    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+    assert "evo_sdpa.profiling" in imported and "torch" not in imported

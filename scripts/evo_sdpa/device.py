@@ -196,6 +196,14 @@ def device_id(gpu: GpuIdentity | None) -> str:
     return gpu.device_id if gpu else CPU_DEVICE_ID
 
 
+def gpu_visible() -> bool:
+    """Whether a CUDA device is visible here, asked of the driver's tools (nvidia-smi) rather than
+    torch: for a stage whose own process runs nothing on the card but starts a target that does
+    (ncu, the sanitizer), and so need not pay torch's import (3-5 s a job on an H100 host). The
+    target reports the card torch gives it (provenance.report_card)."""
+    return query_gpu() is not None
+
+
 def cuda_available() -> bool:
     """True when torch can use a CUDA device here (stage scripts, not the DAG, ask this)."""
     if os.environ.get("EVO_SDPA_FORCE_CPU") == "1":
@@ -206,3 +214,4 @@ def cuda_available() -> bool:
 
 
 NO_DEVICE_REASON = "no CUDA device on this host"
+TORCH_SEES_NO_DEVICE = f"{NO_DEVICE_REASON} (the driver lists a GPU; torch sees none)"

@@ -6,15 +6,19 @@ refuses to pass off one card's numbers as another's."""
 from __future__ import annotations
 
 import hashlib
+import json
 import platform
 from pathlib import Path
 
 from . import cardlock
 from .device import CPU_DEVICE_ID, command_output, cuda_available, normalise_uuid, query_gpu
+from .io import write_json
 
 REPO = Path(__file__).resolve().parents[2]
 DIGEST_CHARS = 16
 KEY = "measured_at"
+TARGET_CARD_FILE = "card.json"  # what a target process writes report_card to, in its stage's output folder
+TARGET_NO_DEVICE_EXIT = 3  # a target process (ncu's, the sanitizer's) whose torch sees no CUDA device
 
 
 def _git(repo: Path, *args: str) -> str | None:
@@ -53,15 +57,50 @@ def card() -> dict:
     return {"name": props.name, "uuid": uuid, "compute_capability": f"{props.major}.{props.minor}"}
 
 
-def stamp(record: dict, sources: list[Path] | None = None, measured_on_card: bool = False) -> dict:
+def report_card(path: str | Path) -> None:
+    """A target process's side: write the card it runs on to `path`, for the stage that started it
+    to stamp its record with; exit TARGET_NO_DEVICE_EXIT when torch here sees no CUDA device."""
+    record = card()
+    write_json(path, record)
+    if record["name"] == CPU_DEVICE_ID:
+        raise SystemExit(TARGET_NO_DEVICE_EXIT)
+
+
+def target_card(path: str | Path) -> dict:
+    """The stage's side: the card its target process reported; when the target wrote none (it
+    failed first), the card the driver lists as the visible one (the target's, since the card
+    lock set CUDA_VISIBLE_DEVICES for both)."""
+    try:
+        record = json.loads(Path(path).read_text())
+        if isinstance(record, dict) and "name" in record:
+            return record
+    except (OSError, ValueError):
+        pass
+    gpu = query_gpu()
+    if gpu is None:
+        return {"name": CPU_DEVICE_ID, "uuid": None, "compute_capability": None}
+    return {"name": gpu.name, "uuid": gpu.uuid, "compute_capability": gpu.compute_capability}
+
+
+def target_found_no_device(path: str | Path) -> bool:
+    """Whether the target reported that torch sees no CUDA device (a GPU the driver lists, torch
+    built without CUDA or unable to use it)."""
+    return Path(path).exists() and target_card(path)["name"] == CPU_DEVICE_ID
+
+
+def stamp(record: dict, sources: list[Path] | None = None, measured_on_card: bool = False,
+          reported_card: dict | None = None) -> dict:
     """Add where this record was made: git state, the digest of the variant's sources
     (deps.variant_inputs), the host, and the card and its lock when the stage ran something on
-    it (the lock: which card the job held, how long it waited for it). Returns the record."""
+    it (the lock: which card the job held, how long it waited for it). The card is this process's
+    (measured_on_card), or `reported_card`, the one a target process reported (target_card) for a
+    stage that ran its work in that process. Returns the record."""
+    on_card = measured_on_card or reported_card is not None
     record[KEY] = {
         "git": git_state(),
         "sources": sources_digest(sources) if sources is not None else None,
         "host": platform.node(),
-        "card": card() if measured_on_card else None,
-        "lock": cardlock.current() if measured_on_card else None,
+        "card": reported_card if reported_card is not None else (card() if measured_on_card else None),
+        "lock": cardlock.current() if on_card else None,
     }
     return record
