@@ -4,7 +4,7 @@ from pathlib import Path
 from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
-from evo_sdpa.device import NO_DEVICE_REASON, TORCH_SEES_NO_DEVICE, gpu_visible, require_tool
+from evo_sdpa.device import NO_DEVICE_REASON, TORCH_SEES_NO_DEVICE, gpu_visible, stage_tool
 from evo_sdpa.errors import fail, notice, run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json, write_text
@@ -47,22 +47,23 @@ def main() -> None:
     hold_card(f"ncu {args.entry}", log)
     cfg = args.config_json["profile"]
     shape, dtype = cfg["shape"], cfg["dtype"]
+    outdir = Path(args.csv).parent
+    card = outdir / TARGET_CARD_FILE
+    card.unlink(missing_ok=True)
     skip = reason_not_to_profile(args.entry, args.enabled, args.bench, shape, dtype)
-    reported = None
+    ncu = None if skip else stage_tool("ncu")
+    if not skip and ncu is None:
+        skip = skipped(f"not profiled: {TORCH_SEES_NO_DEVICE}")
     if skip:
         status, csv_text = skip, ""
     else:
-        ncu = require_tool("ncu")
-        outdir = Path(args.csv).parent
         status, csv_text = profile(ncu, args.entry, args.build, shape, dtype, cfg["launch_count"], outdir)
-        if target_found_no_device(outdir / TARGET_CARD_FILE):
+        if target_found_no_device(card):
             skip = status = skipped(f"not profiled: {TORCH_SEES_NO_DEVICE}")
             csv_text = ""
-        else:
-            reported = target_card(outdir / TARGET_CARD_FILE)
     status["entry"] = args.entry
     sources = None if args.entry == SDPA_ENTRY else variant_inputs(load_variant(KERNELS_DIR / args.entry))
-    stamp(status, sources, reported_card=reported)
+    stamp(status, sources, measured_on_card=skip is None, card_of=lambda: target_card(card))
     log.info("ncu %s: %s %s", args.entry, status["status"], "; ".join(status["reasons"]))
     if skip:
         notice(f"ncu {args.entry}: {status['reasons'][0]}; {args.csv} is left empty "

@@ -4,7 +4,7 @@ from pathlib import Path
 from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
-from evo_sdpa.device import NO_DEVICE_REASON, TORCH_SEES_NO_DEVICE, gpu_visible, require_tool
+from evo_sdpa.device import NO_DEVICE_REASON, TORCH_SEES_NO_DEVICE, gpu_visible, stage_tool
 from evo_sdpa.errors import run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json
@@ -27,18 +27,20 @@ def main() -> None:
     variant = load_variant(KERNELS_DIR / args.variant)
     cause = blocked_by(build=args.build)
     card = Path(args.verdict).parent / TARGET_CARD_FILE
+    card.unlink(missing_ok=True)
     if not args.enabled:
         result = skipped("disabled in the config (stages.sanitizer: false)", disabled=True)
     elif not gpu_visible():
         result = skipped(f"not run: {NO_DEVICE_REASON}")
     elif cause:
         result = skipped_for("not run", cause)
+    elif (sanitizer := stage_tool("compute-sanitizer")) is None:
+        result = skipped(f"not run: {TORCH_SEES_NO_DEVICE}")
     else:
-        result = check_variant(require_tool("compute-sanitizer"), cfg, variant, Path(args.build),
-                               Path(args.verdict).parent)
+        result = check_variant(sanitizer, cfg, variant, Path(args.build), Path(args.verdict).parent)
         if target_found_no_device(card):
             result = skipped(f"not run: {TORCH_SEES_NO_DEVICE}")
-    stamp(result, variant_inputs(variant), reported_card=target_card(card) if "tools" in result else None)
+    stamp(result, variant_inputs(variant), measured_on_card="tools" in result, card_of=lambda: target_card(card))
     result["variant"] = args.variant
     log.info("sanitizer %s: %s %s", args.variant, result["status"], "; ".join(result["reasons"]))
     write_json(args.verdict, result)

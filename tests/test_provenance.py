@@ -241,53 +241,137 @@ def test_a_target_reports_its_card_and_exits_when_torch_sees_none(tmp_path, monk
     assert provenance.target_card(path) == h100 and not provenance.target_found_no_device(path)
 
 
-def test_a_target_that_wrote_no_card_falls_back_to_the_visible_card(tmp_path, fake_smi, monkeypatch):
-    """A target that failed before reporting: the stage stamps the card the driver lists as the
-    visible one (the card lock set CUDA_VISIBLE_DEVICES for both processes)."""
-    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "GPU-bbbbbbbb-1111-2222-3333-444444444444")
+def test_a_target_that_wrote_no_card_leaves_the_record_without_one(tmp_path):
+    """A target that failed before reporting: the record names no card rather than a guess (the
+    driver's name for the card differs from torch's under MIG, which would read as a mismatch)."""
     absent = tmp_path / "card.json"
-    assert provenance.target_card(absent) == {"name": "NVIDIA H200", "uuid": "GPU-bbbbbbbb-1111-2222-3333-444444444444",
-                                              "compute_capability": "9.0"}
-    assert not provenance.target_found_no_device(absent)
+    assert provenance.target_card(absent) is None and not provenance.target_found_no_device(absent)
     absent.write_text("{trunc")
-    assert provenance.target_card(absent)["name"] == "NVIDIA H200"
+    assert provenance.target_card(absent) is None
 
 
-def test_stamp_takes_the_card_a_target_reported(monkeypatch):
+def test_stamp_takes_the_card_a_target_reported_and_the_lock(monkeypatch):
+    from evo_sdpa import cardlock
+
     monkeypatch.setattr(provenance, "card", lambda: pytest.fail("the stage's own process asked torch"))
+    lease = {"card": "GPU-aaaaaaaa", "visible": "GPU-aaaaaaaa", "job": "ncu sdpa"}
+    monkeypatch.setenv(cardlock.HELD_ENV, json.dumps(lease))
     reported = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaaaaaa", "compute_capability": "9.0"}
-    stamp = provenance.stamp({"status": "pass"}, reported_card=reported)["measured_at"]
-    assert stamp["card"] == reported and "lock" in stamp
+    stamp = provenance.stamp({"status": "pass"}, measured_on_card=True, card_of=lambda: reported)["measured_at"]
+    assert stamp["card"] == reported and stamp["lock"] == {**lease, "inherited": True}
+    unmeasured = provenance.stamp({"status": "skipped"}, card_of=lambda: reported)["measured_at"]
+    assert unmeasured["card"] is None and unmeasured["lock"] is None
 
 
 FAKE_SMI = "#!/bin/sh\necho '0, GPU-aaaaaaaa-1111-2222-3333-444444444444, NVIDIA H100 80GB HBM3, 9.0'\n"
-FAKE_NCU = "#!/bin/sh\necho 'ncu: no profiler here' >&2\nexit 1\n"
+H100 = {"name": "NVIDIA H100 80GB HBM3", "uuid": "GPU-aaaaaaaa-1111-2222-3333-444444444444", "compute_capability": "9.0"}
+# A tool (ncu, compute-sanitizer) that either runs its target (`run`: here torch sees no CUDA device,
+# so the target reports the CPU and exits 3) or stands in for a target that reported an H100 and
+# then failed (`fail`). Its target command follows `--` for ncu, and starts at the Python binary
+# for compute-sanitizer.
+FAKE_TOOL = """#!{python}
+import json, os, sys
+argv = sys.argv[1:]
+target = argv[argv.index("--") + 1:] if "--" in argv else argv[next(i for i, a in enumerate(argv) if a == {python!r}):]
+if "{mode}" == "run":
+    os.execv(target[0], target)
+card = target[target.index("--card") + 1]
+open(card, "w").write(json.dumps({h100}))
+print("tool: the target failed", file=sys.stderr)
+sys.exit(1)
+"""
 
 
-def test_ncu_stage_never_imports_torch_in_its_own_process(tmp_path):
-    """On a GPU host the ncu stage's own process only starts ncu over the target, so it must not pay
-    torch's import (3-5 s a job on an H100 host): it asks the driver whether a GPU is visible and takes
-    the card from the target. Here a fake nvidia-smi lists an H100 and a fake ncu fails at once: the
-    stage records the failure, stamped with the visible card, and torch is in none of its imports."""
+def stage_host(tmp_path, mode: str, tool: str) -> dict:
+    """A fake GPU host for one stage process: nvidia-smi lists an H100, `tool` behaves as `mode` says."""
     import os
     import sys
 
     bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    for name, text in (("nvidia-smi", FAKE_SMI), ("ncu", FAKE_NCU)):
-        (bin_dir / name).write_text(text)
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text(FAKE_SMI)
+    (bin_dir / tool).write_text(FAKE_TOOL.format(python=sys.executable, mode=mode, h100=H100))
+    for name in ("nvidia-smi", tool):
         (bin_dir / name).chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("EVO_SDPA_FORCE_CPU", "CUDA_VISIBLE_DEVICES")}
     env.update(PATH=f"{bin_dir}{os.pathsep}{env['PATH']}", EVO_SDPA_LOCK_DIR=str(tmp_path / "locks"))
+    return env
+
+
+def run_stage_script(script: str, args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    """A stage script with -X importtime: its stderr lists every module its own process imported."""
+    import sys
+
+    scripts = Path(provenance.__file__).resolve().parents[1]
+    return subprocess.run([sys.executable, "-X", "importtime", str(scripts / script), *args], env=env,
+                          capture_output=True, text=True, cwd=cwd)
+
+
+def imported(proc: subprocess.CompletedProcess) -> set[str]:
+    return {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
+
+
+@pytest.mark.parametrize("mode", ["fail", "run"])
+def test_ncu_stage_never_imports_torch_in_its_own_process(tmp_path, mode):
+    """On a GPU host the ncu stage's own process only starts ncu over the target, so it must not pay
+    torch's import (3-5 s a job on an H100 host): it asks the driver whether a GPU is visible and takes
+    the card from the target. `fail`: the target reported an H100, then ncu failed: a failure stamped
+    with that card and the stage's lock. `run`: the target's torch sees no CUDA device: a skip that
+    says so, stamped with no card."""
     out = tmp_path / "nsight" / "sdpa"
     cfg = {"profile": {"shape": {"B": 1, "H": 2, "S": 128, "D": 64, "causal": False}, "dtype": "fp16",
                        "launch_count": 1}}
-    scripts = Path(provenance.__file__).resolve().parents[1]
-    proc = subprocess.run([sys.executable, "-X", "importtime", str(scripts / "run_ncu.py"), "--entry", "sdpa",
-                           "--enabled", "true", "--config-json", json.dumps(cfg), "--csv", str(out / "report.csv"),
-                           "--status", str(out / "status.json")], env=env, capture_output=True, text=True, cwd=tmp_path)
+    proc = run_stage_script("run_ncu.py", ["--entry", "sdpa", "--enabled", "true", "--config-json", json.dumps(cfg),
+                                           "--csv", str(out / "report.csv"), "--status", str(out / "status.json")],
+                            stage_host(tmp_path, mode, "ncu"), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
     status = json.loads((out / "status.json").read_text())
-    assert status["status"] == "fail" and "no profiler here" in status["reasons"][0], proc.stderr[-2000:]
-    assert status["measured_at"]["card"]["name"] == "NVIDIA H100 80GB HBM3"
-    imported = {line.rsplit("|", 1)[-1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
-    assert "evo_sdpa.profiling" in imported and "torch" not in imported
+    stamp = status["measured_at"]
+    if mode == "fail":
+        assert status["status"] == "fail" and "the target failed" in status["reasons"][0]
+        assert stamp["card"] == H100 and stamp["lock"]["card"] == H100["uuid"]
+    else:
+        assert status["status"] == "skipped" and status["reasons"] == [f"not profiled: {device.TORCH_SEES_NO_DEVICE}"]
+        assert stamp["card"] is None and (out / "report.csv").read_text() == ""
+    assert "evo_sdpa.profiling" in imported(proc) and "torch" not in imported(proc)
+
+
+@pytest.mark.parametrize("mode", ["fail", "run"])
+def test_sanitizer_stage_never_imports_torch_in_its_own_process(tmp_path, mode):
+    """The sanitizer stage likewise: four tools over the target, the card from the target."""
+    build = tmp_path / "build" / "verdict.json"
+    write_json(build, {"status": "pass", "reasons": []})
+    verdict_path = tmp_path / "sanitizer" / "v1_scalar" / "verdict.json"
+    cfg = {"sanitizer": {"tools": ["memcheck", "racecheck"], "padding_bytes": 256, "shape": {"B": 1, "H": 2, "S": 67}}}
+    proc = run_stage_script("run_sanitizer.py", ["--variant", "v1_scalar", "--build", str(build), "--enabled", "true",
+                                                 "--config-json", json.dumps(cfg), "--verdict", str(verdict_path)],
+                            stage_host(tmp_path, mode, "compute-sanitizer"), tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    verdict = json.loads(verdict_path.read_text())
+    stamp = verdict["measured_at"]
+    if mode == "fail":
+        assert verdict["status"] == "fail" and [t["tool"] for t in verdict["tools"]] == ["memcheck", "racecheck"]
+        assert stamp["card"] == H100 and stamp["lock"]["card"] == H100["uuid"]
+    else:
+        assert verdict["status"] == "skipped" and verdict["reasons"] == [f"not run: {device.TORCH_SEES_NO_DEVICE}"]
+        assert stamp["card"] is None
+    assert "evo_sdpa.sanitizer" in imported(proc) and "torch" not in imported(proc)
+
+
+def test_a_stage_without_its_tool_skips_where_torch_sees_no_device(tmp_path):
+    """The driver lists a GPU, torch sees none and ncu is not installed: the same skip as on a host
+    without a GPU, not a missing-tool failure (only this path imports torch, to ask)."""
+    import os
+
+    env = stage_host(tmp_path, "run", "ncu")
+    (tmp_path / "bin" / "ncu").unlink()
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if "cuda" not in p.lower())
+    out = tmp_path / "nsight" / "sdpa"
+    cfg = {"profile": {"shape": {"B": 1, "H": 2, "S": 128, "D": 64, "causal": False}, "dtype": "fp16",
+                       "launch_count": 1}}
+    env["CUDA_HOME"] = str(tmp_path / "no-cuda")
+    proc = run_stage_script("run_ncu.py", ["--entry", "sdpa", "--enabled", "true", "--config-json", json.dumps(cfg),
+                                           "--csv", str(out / "report.csv"), "--status", str(out / "status.json")],
+                            env, tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((out / "status.json").read_text())["reasons"] == [f"not profiled: {device.TORCH_SEES_NO_DEVICE}"]

@@ -239,7 +239,8 @@ def makespan(lists: dict[int, list], per_tile: float = 0.5) -> float:
 
 @pytest.mark.parametrize("order", [0, 1, 2, 3])
 @pytest.mark.parametrize("m_blocks, heads_total, grid", [
-    (16, 64, 132), (16, 32, 132), (17, 8, 132), (17, 40, 132), (1, 300, 132), (2, 5, 3), (16, 64, 1024), (33, 3, 99)])
+    (16, 64, 132), (16, 32, 132), (17, 8, 132), (17, 40, 132), (1, 300, 132), (2, 5, 3), (16, 64, 1024), (33, 3, 99),
+    (16, 4, 128)])   # the last: more CTAs than tiles (a cluster split's grid; its CTAs past the tiles walk none)
 @pytest.mark.parametrize("causal", [True, False])
 def test_every_tile_is_visited_once(tile_walk, order, m_blocks, heads_total, grid, causal):
     lists = tile_walk(m_blocks, heads_total, grid, order, causal)

@@ -167,12 +167,15 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     if (configured != cudaSuccess) return int(configured);
     const int64_t m_blocks = (params.seq_len + Traits::kBlockM - 1) / Traits::kBlockM;
     const int64_t tiles = m_blocks * params.heads * params.batch;
-    if (tiles * params.key_splits > INT_MAX) return kUnsupported;
+    const int64_t sms = sm_count();
+    // A CTA's walk index (tile_order.cuh) runs past the last tile by up to the heads plus twice the
+    // grid (a paired walk's step) before it stops: all of it must fit an int.
+    if (tiles * params.key_splits + int64_t(params.heads) * params.batch + 2 * std::max<int64_t>(sms, 0) > INT_MAX)
+        return kUnsupported;
     // Persistent grid: one CTA per SM (shared memory and registers allow no second one) walks the
     // tiles, with no per-tile prologue and the short causal tiles packed behind the long ones.
     // Below a few waves of tiles the hardware's own block scheduling balances better than the
     // static round-robin (NOTES.md, run 6: 1,8,4096,128 causal, 1.9 waves).
-    const int64_t sms = sm_count();
     const bool persistent = !Traits::kSplit && sms > 0 &&
                             (V5_HOPPER_PERSISTENT == 1 ||
                              (V5_HOPPER_PERSISTENT == 2 && tiles >= V5_HOPPER_PERSISTENT_MIN_WAVES * sms));

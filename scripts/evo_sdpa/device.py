@@ -204,6 +204,17 @@ def gpu_visible() -> bool:
     return query_gpu() is not None
 
 
+def stage_tool(name: str) -> str | None:
+    """The tool a stage runs its target under, once gpu_visible(): its path; None when it is
+    missing and torch sees no CUDA device either (a driver without a GPU torch can use: the stage
+    records a skip, as on a host without one); one line naming the fix (StageError) when it is
+    missing on a host that could run it. Only the missing tool's path imports torch."""
+    path = find_tool(name)
+    if path is None and not cuda_available():
+        return None
+    return path or require_tool(name)
+
+
 def cuda_available() -> bool:
     """True when torch can use a CUDA device here (stage scripts, not the DAG, ask this)."""
     if os.environ.get("EVO_SDPA_FORCE_CPU") == "1":

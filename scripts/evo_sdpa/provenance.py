@@ -9,6 +9,7 @@ import hashlib
 import json
 import platform
 from pathlib import Path
+from typing import Callable
 
 from . import cardlock
 from .device import CPU_DEVICE_ID, command_output, cuda_available, normalise_uuid, query_gpu
@@ -66,41 +67,36 @@ def report_card(path: str | Path) -> None:
         raise SystemExit(TARGET_NO_DEVICE_EXIT)
 
 
-def target_card(path: str | Path) -> dict:
-    """The stage's side: the card its target process reported; when the target wrote none (it
-    failed first), the card the driver lists as the visible one (the target's, since the card
-    lock set CUDA_VISIBLE_DEVICES for both)."""
+def target_card(path: str | Path) -> dict | None:
+    """The stage's side: the card its target process reported; None when it wrote none (it failed
+    before that, or never ran): the record then names no card rather than a guess."""
     try:
         record = json.loads(Path(path).read_text())
-        if isinstance(record, dict) and "name" in record:
-            return record
     except (OSError, ValueError):
-        pass
-    gpu = query_gpu()
-    if gpu is None:
-        return {"name": CPU_DEVICE_ID, "uuid": None, "compute_capability": None}
-    return {"name": gpu.name, "uuid": gpu.uuid, "compute_capability": gpu.compute_capability}
+        return None
+    return record if isinstance(record, dict) and "name" in record else None
 
 
 def target_found_no_device(path: str | Path) -> bool:
     """Whether the target reported that torch sees no CUDA device (a GPU the driver lists, torch
     built without CUDA or unable to use it)."""
-    return Path(path).exists() and target_card(path)["name"] == CPU_DEVICE_ID
+    reported = target_card(path)
+    return reported is not None and reported["name"] == CPU_DEVICE_ID
 
 
 def stamp(record: dict, sources: list[Path] | None = None, measured_on_card: bool = False,
-          reported_card: dict | None = None) -> dict:
+          card_of: Callable[[], dict | None] | None = None) -> dict:
     """Add where this record was made: git state, the digest of the variant's sources
     (deps.variant_inputs), the host, and the card and its lock when the stage ran something on
-    it (the lock: which card the job held, how long it waited for it). The card is this process's
-    (measured_on_card), or `reported_card`, the one a target process reported (target_card) for a
-    stage that ran its work in that process. Returns the record."""
-    on_card = measured_on_card or reported_card is not None
+    it (the lock: which card the job held, how long it waited for it). The card is this process's,
+    or for a stage that ran its work in a target process, what card_of gives: the card that process
+    reported (target_card). Returns the record."""
+    card_of = card_of or card
     record[KEY] = {
         "git": git_state(),
         "sources": sources_digest(sources) if sources is not None else None,
         "host": platform.node(),
-        "card": reported_card if reported_card is not None else (card() if measured_on_card else None),
-        "lock": cardlock.current() if on_card else None,
+        "card": card_of() if measured_on_card else None,
+        "lock": cardlock.current() if measured_on_card else None,
     }
     return record
