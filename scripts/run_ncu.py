@@ -9,7 +9,7 @@ from evo_sdpa.errors import fail, notice, run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json, write_text
 from evo_sdpa.profiling import profile
-from evo_sdpa.provenance import TARGET_CARD_FILE, stamp, target_card, target_found_no_device
+from evo_sdpa.provenance import fresh_target_card, stamp, target_card, target_found_no_device
 from evo_sdpa.variants import KERNELS_DIR, SDPA_ENTRY, load_variant
 
 
@@ -48,8 +48,7 @@ def main() -> None:
     cfg = args.config_json["profile"]
     shape, dtype = cfg["shape"], cfg["dtype"]
     outdir = Path(args.csv).parent
-    card = outdir / TARGET_CARD_FILE
-    card.unlink(missing_ok=True)
+    card = fresh_target_card(outdir)
     skip = reason_not_to_profile(args.entry, args.enabled, args.bench, shape, dtype)
     ncu = None if skip else stage_tool("ncu")
     if not skip and ncu is None:
@@ -57,7 +56,7 @@ def main() -> None:
     if skip:
         status, csv_text = skip, ""
     else:
-        status, csv_text = profile(ncu, args.entry, args.build, shape, dtype, cfg["launch_count"], outdir)
+        status, csv_text = profile(ncu, args.entry, args.build, shape, dtype, cfg["launch_count"], outdir, card)
         if target_found_no_device(card):
             skip = status = skipped(f"not profiled: {TORCH_SEES_NO_DEVICE}")
             csv_text = ""

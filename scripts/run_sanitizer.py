@@ -8,7 +8,7 @@ from evo_sdpa.device import NO_DEVICE_REASON, TORCH_SEES_NO_DEVICE, gpu_visible,
 from evo_sdpa.errors import run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import write_json
-from evo_sdpa.provenance import TARGET_CARD_FILE, stamp, target_card, target_found_no_device
+from evo_sdpa.provenance import fresh_target_card, stamp, target_card, target_found_no_device
 from evo_sdpa.sanitizer import check_variant
 from evo_sdpa.variants import KERNELS_DIR, load_variant
 
@@ -26,8 +26,7 @@ def main() -> None:
     cfg = args.config_json["sanitizer"]
     variant = load_variant(KERNELS_DIR / args.variant)
     cause = blocked_by(build=args.build)
-    card = Path(args.verdict).parent / TARGET_CARD_FILE
-    card.unlink(missing_ok=True)
+    card = fresh_target_card(Path(args.verdict).parent)
     if not args.enabled:
         result = skipped("disabled in the config (stages.sanitizer: false)", disabled=True)
     elif not gpu_visible():
@@ -37,7 +36,7 @@ def main() -> None:
     elif (sanitizer := stage_tool("compute-sanitizer")) is None:
         result = skipped(f"not run: {TORCH_SEES_NO_DEVICE}")
     else:
-        result = check_variant(sanitizer, cfg, variant, Path(args.build), Path(args.verdict).parent)
+        result = check_variant(sanitizer, cfg, variant, Path(args.build), Path(args.verdict).parent, card)
         if target_found_no_device(card):
             result = skipped(f"not run: {TORCH_SEES_NO_DEVICE}")
     stamp(result, variant_inputs(variant), measured_on_card="tools" in result, card_of=lambda: target_card(card))

@@ -906,7 +906,8 @@ def test_check_variant_runs_every_tool_on_the_target_with_the_variants_shapes(tm
     fake.chmod(0o755)
     v5 = load_variant(KERNELS_DIR / "v5_hopper")
     cfg = {"tools": ["memcheck", "racecheck"], "padding_bytes": 256, "shape": {"B": 1, "H": 2, "S": 67}}
-    result = sanitizer.check_variant(str(fake), cfg, v5, tmp_path / "verdict.json", tmp_path / "logs")
+    result = sanitizer.check_variant(str(fake), cfg, v5, tmp_path / "verdict.json", tmp_path / "logs",
+                                     tmp_path / "logs" / "card.json")
     assert result["status"] == "pass" and [t["tool"] for t in result["tools"]] == ["memcheck", "racecheck"]
     assert result["shape"] == cfg["shape"] and result["variant_shapes"] == [{"B": 1, "H": 2, "S": 520}]
     argv = json.loads((tmp_path / "logs" / "memcheck.stdout.log").read_text())

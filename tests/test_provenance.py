@@ -239,6 +239,7 @@ def test_a_target_reports_its_card_and_exits_when_torch_sees_none(tmp_path, monk
     monkeypatch.setattr(provenance, "card", lambda: h100)
     provenance.report_card(path)
     assert provenance.target_card(path) == h100 and not provenance.target_found_no_device(path)
+    assert provenance.fresh_target_card(tmp_path) == path and not path.exists()  # a stage's start drops it
 
 
 def test_a_target_that_wrote_no_card_leaves_the_record_without_one(tmp_path):

@@ -170,7 +170,7 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     const int64_t sms = sm_count();
     // A CTA's walk index (tile_order.cuh) runs past the last tile by up to the heads plus twice the
     // grid (a paired walk's step) before it stops: all of it must fit an int.
-    if (tiles * params.key_splits + int64_t(params.heads) * params.batch + 2 * std::max<int64_t>(sms, 0) > INT_MAX)
+    if (tiles * params.key_splits + int64_t(params.heads) * params.batch + 2 * sms > INT_MAX)
         return kUnsupported;
     // Persistent grid: one CTA per SM (shared memory and registers allow no second one) walks the
     // tiles, with no per-tile prologue and the short causal tiles packed behind the long ones.

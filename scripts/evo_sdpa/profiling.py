@@ -7,29 +7,26 @@ import time
 from pathlib import Path
 
 from .ncu import clean_csv_text, export_command, parse_raw_csv, profile_command
-from .provenance import TARGET_CARD_FILE
 
 NVTX_RANGE = "evo_profile"
 NCU_TIMEOUT_S = 900
 TARGET = Path(__file__).resolve().parents[1] / "ncu_target.py"
 
 
-def target_argv(entry: str, build: str | None, shape: dict, dtype: str, card: Path) -> list[str]:
+def target_argv(entry: str, build: str | None, shape: dict, dtype: str, card: Path | None) -> list[str]:
     argv = [sys.executable, str(TARGET), "--entry", entry, "--B", str(shape["B"]), "--H", str(shape["H"]),
             "--S", str(shape["S"]), "--D", str(shape["D"]), "--causal", str(int(shape["causal"])),
-            "--dtype", dtype, "--card", str(card)]
-    return argv + (["--build", build] if build else [])
+            "--dtype", dtype]
+    return argv + (["--build", build] if build else []) + (["--card", str(card)] if card else [])
 
 
 def profile(ncu: str, entry: str, build: str | None, shape: dict, dtype: str, launch_count: int,
-            outdir: Path) -> dict:
+            outdir: Path, card: Path | None = None) -> dict:
     """Profile, export the raw page, and return the status record plus the clean CSV text. The
-    profiled process writes the card it ran on to outdir/card.json (provenance.report_card)."""
+    profiled process writes the card it ran on to `card` when given (provenance.report_card)."""
     outdir.mkdir(parents=True, exist_ok=True)
     report_base = outdir / "report"
     ncu_log = outdir / "ncu.log"
-    card = outdir / TARGET_CARD_FILE
-    card.unlink(missing_ok=True)
     argv = profile_command(ncu, str(report_base), target_argv(entry, build, shape, dtype, card), NVTX_RANGE,
                            launch_count, str(ncu_log))
     started = time.perf_counter()

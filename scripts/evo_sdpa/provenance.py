@@ -18,7 +18,6 @@ from .io import write_json
 REPO = Path(__file__).resolve().parents[2]
 DIGEST_CHARS = 16
 KEY = "measured_at"
-TARGET_CARD_FILE = "card.json"  # what a target process writes report_card to, in its stage's output folder
 TARGET_NO_DEVICE_EXIT = 3  # a target process (ncu's, the sanitizer's) whose torch sees no CUDA device
 
 
@@ -56,6 +55,14 @@ def card() -> dict:
         visible = query_gpu()
         uuid = visible.uuid if visible and visible.name == props.name else None
     return {"name": props.name, "uuid": uuid, "compute_capability": f"{props.major}.{props.minor}"}
+
+
+def fresh_target_card(folder: str | Path) -> Path:
+    """Where a stage's target process reports its card: folder/card.json, an earlier run's report
+    removed first, so a stage that skips or whose target fails never reads or ships a stale one."""
+    path = Path(folder) / "card.json"
+    path.unlink(missing_ok=True)
+    return path
 
 
 def report_card(path: str | Path) -> None:

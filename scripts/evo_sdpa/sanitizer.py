@@ -8,8 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .provenance import TARGET_CARD_FILE
-
 # Measured on an H100 (DESIGN.md): with the caching allocator on, an out-of-bounds write stayed
 # inside the cached segment and went unseen; without padding a read into the neighbour went unseen.
 SANITIZER_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "CUDA_LAUNCH_BLOCKING": "1"}
@@ -105,18 +103,17 @@ def verdict(results: list[dict]) -> dict:
 TARGET = Path(__file__).resolve().parents[1] / "sanitizer_target.py"
 
 
-def check_variant(sanitizer: str, cfg: dict, variant, build_verdict: Path, log_dir: Path) -> dict:
+def check_variant(sanitizer: str, cfg: dict, variant, build_verdict: Path, log_dir: Path,
+                  card: Path | None = None) -> dict:
     """Every tool of the config's `sanitizer` section over one process that runs `variant` (built as
     `build_verdict` says) on the config's small shape and the variant's own sanitizer_shapes; the
-    verdict records both. The target writes the card it ran on to log_dir/card.json
+    verdict records both. The target writes the card it ran on to `card` when given
     (provenance.report_card)."""
-    card = log_dir / TARGET_CARD_FILE
     target = [sys.executable, str(TARGET), "--variant", variant.name, "--variant-dir", str(variant.folder),
               "--build", str(build_verdict),
-              "--B", str(cfg["shape"]["B"]), "--H", str(cfg["shape"]["H"]), "--S", str(cfg["shape"]["S"]),
-              "--card", str(card)]
+              "--B", str(cfg["shape"]["B"]), "--H", str(cfg["shape"]["H"]), "--S", str(cfg["shape"]["S"])]
+    target += ["--card", str(card)] if card else []
     log_dir.mkdir(parents=True, exist_ok=True)
-    card.unlink(missing_ok=True)
     result = verdict(run_tools(sanitizer, cfg["tools"], cfg["padding_bytes"], target, log_dir))
     result.update(shape=cfg["shape"], variant_shapes=variant.sanitizer_shapes, padding_bytes=cfg["padding_bytes"],
                   environment="PYTORCH_NO_CUDA_MEMORY_CACHING=1")
