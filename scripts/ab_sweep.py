@@ -162,6 +162,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--recheck-max-gflop", type=float, default=200.0,
                         help="after timing a shape, check every configuration's output on it against "
                              "the float64 reference (the bench stage's re-check), up to this size")
+    parser.add_argument("--graph-sets", type=int, default=None, metavar="N",
+                        help="graph-timed shapes rotate N input sets instead of enough to exceed L2 "
+                             "(1 keeps the inputs in L2: how much of a call is DRAM latency)")
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop timing new shapes once timing has taken this long (builds and parity not counted)")
     return parser
 
@@ -264,8 +267,10 @@ def main() -> int:
             timed = {n: f for n, f in forwards.items() if owners[n].supports(dtype, shape.D, shape.causal)}
             if not variant.supports(dtype, shape.D, shape.causal) or not timed:
                 continue
-            for mode, by_name in time_shape(timing_factories(timed, shape), shape, dtype, timing).items():
+            for mode, by_name in time_shape(timing_factories(timed, shape), shape, dtype, timing,
+                                              graph_sets=args.graph_sets).items():
                 row = {"shape": shape.label, "dtype": dtype, "mode": by_name["sdpa"]["mode"],
+                       "cache": by_name["sdpa"]["cache"],
                        "p50_us": {n: r["stats"]["p50_us"] for n, r in by_name.items()},
                        "p90_us": {n: r["stats"]["p90_us"] for n, r in by_name.items()},
                        "tflops": {n: tflops(shape.flops, r["stats"]["p50_us"]) for n, r in by_name.items()}}

@@ -121,6 +121,13 @@ def test_ab_sweep_compare_and_only_parse():
     assert args.compare == ["v3_mma"] and args.only == "causal"
 
 
+def test_ab_sweep_graph_sets_defaults_to_the_benchs_rotation():
+    parser = load_script("ab_sweep").argument_parser()
+    base = ["--variant", "v4_pipelined", "--out", "x.json", "--config", "default"]
+    assert parser.parse_args(base).graph_sets is None
+    assert parser.parse_args([*base, "--graph-sets", "1"]).graph_sets == 1
+
+
 def test_ab_sweep_compare_takes_other_cuda_variants_only():
     module = load_script("ab_sweep")
     v4 = load_variant(KERNELS_DIR / "v4_pipelined")

@@ -84,6 +84,26 @@ def test_eager_timing_measures_a_known_duration():
     assert 0 < result["sleep"]["host_p50_us"] < result["sleep"]["hidden_us"]
 
 
+def test_graph_timing_rotates_sets_beyond_l2_unless_told_how_many():
+    """By default a graph-timed shape rotates enough input sets to exceed L2; graph_sets=1 (ab_sweep's
+    --graph-sets, a diagnosis) keeps one set in L2, and the record says which it was. A call that
+    streams its inputs from DRAM is slower than the same call on inputs L2 holds."""
+    import torch
+
+    from evo_sdpa.shapes import Shape
+    from evo_sdpa.timing import time_shape
+
+    shape = Shape.from_dict({"B": 4, "H": 8, "S": 512, "D": 64, "causal": False, "graph": True})  # 8 MB a set
+    timing = {"warmup_ms": 5, "min_samples": 10, "min_time_ms": 5, "max_time_ms": 1000,
+              "rel_spread": 0.05, "l2_flush": True, "graph_calls": 8}
+    factories = {"sum": lambda q, k, v: (lambda: torch.add(q, k).add_(v))}  # reads all of q, k, v
+    rotated = time_shape(factories, shape, "fp16", timing)["graph"]["sum"]
+    in_l2 = time_shape(factories, shape, "fp16", timing, graph_sets=1)["graph"]["sum"]
+    assert "together larger than L2" in rotated["cache"] and not rotated["cache"].startswith("1 ")
+    assert in_l2["cache"].startswith("1 input sets") and "fits in L2" in in_l2["cache"]
+    assert in_l2["stats"]["p50_us"] < rotated["stats"]["p50_us"], (in_l2["stats"], rotated["stats"])
+
+
 def test_host_time_beyond_the_flush_lands_in_the_eager_p50_and_is_flagged():
     """The cause of Triton's run-to-run eager ratios (triton_flash NOTES, run 30): a call that spends
     longer on the host than the GPU spends on the flush before it is timed with the GPU idle."""

@@ -278,10 +278,13 @@ def _results(samples: dict[str, list[float]], ended_by: str, mode: str, cache: s
     return results
 
 
-def time_shape(factories: dict[str, Callable], shape, dtype: str, timing: dict, seed: int = 0) -> dict:
+def time_shape(factories: dict[str, Callable], shape, dtype: str, timing: dict, seed: int = 0,
+               graph_sets: int | None = None) -> dict:
     """Time callables on one shape and dtype, interleaved. `factories[name](q, k, v)` returns a
     zero-argument call on those inputs. Returns {mode: {name: result}}: always "eager"
-    (L2 flushed per call when configured), plus "graph" for shapes marked graph: true."""
+    (L2 flushed per call when configured), plus "graph" for shapes marked graph: true, whose
+    replays rotate enough input sets to exceed L2 unless `graph_sets` says how many (a diagnosis:
+    1 keeps the inputs in L2; the record says which)."""
     import torch
 
     from .inputs import make_qkv
@@ -298,7 +301,7 @@ def time_shape(factories: dict[str, Callable], shape, dtype: str, timing: dict, 
                                    rule, timing["warmup_ms"], timing["l2_flush"])}
     if shape.graph:
         set_bytes = 4 * first[0].numel() * first[0].element_size()
-        n_sets = input_sets_beyond_l2(set_bytes, timing["graph_calls"])
+        n_sets = graph_sets or input_sets_beyond_l2(set_bytes, timing["graph_calls"])
         sets = [first] + [inputs(i) for i in range(1, n_sets)]
         calls = {}
         for name, make in factories.items():
