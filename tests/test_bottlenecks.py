@@ -12,6 +12,8 @@ from evo_sdpa.ncu import KernelProfile
 
 FIXTURES = Path(__file__).parent / "fixtures"
 CLEAN_CSV = FIXTURES / "h100_sdpa_cudnn_b2h8s512d64_raw.csv"
+# v4_pipelined's cluster-split kernel on (1,8,512,64) fp16, same card and export (v4 NOTES.md, run 11).
+V4_SMALL_CSV = FIXTURES / "h100_v4_pipelined_b1h8s512d64_raw.csv"
 
 B, H, S, D = 2, 8, 512, 64
 FLOPS = 4.0 * B * H * S * S * D
@@ -389,6 +391,43 @@ def test_cudnn_underfilled_grid_leads(cudnn_analysis):
     top = cudnn_analysis["findings"][ids.index("underfilled_grid")]
     assert top["value"] == 0.48
     assert "64 CTAs on 132 SMs" in top["evidence"]
+
+
+def test_cudnn_ramp_and_drain_is_measured_below_the_grid_finding(cudnn_analysis):
+    by_id = {f["id"]: f for f in cudnn_analysis["findings"]}
+    ramp = by_id["ramp_and_drain"]
+    assert ramp["value"] == 13953 and "13,953 of the kernel's 17,852 cycles" in ramp["evidence"]
+    assert ramp["severity"] == pytest.approx(1 - 13953 / 17852, abs=1e-3)
+    assert ramp["rank"] > by_id["underfilled_grid"]["rank"]
+
+
+def test_v4_small_shape_names_its_fixed_part_not_its_grid():
+    """Issue 8's mission shape on v4's split kernel: 128 CTAs fill the grid (0.97 waves), so the
+    grid finding is slight; the measured ramp-up and drain (29% of the kernel) is named above it."""
+    kernels = ncu.select_kernels(ncu.read_raw_csv(V4_SMALL_CSV), r"v4_pipelined")
+    flops, min_bytes = 4.0 * 8 * 512 * 512 * 64, 4.0 * 8 * 512 * 64 * 2
+    analysis = bottlenecks.analyze(kernels, flops, CEILINGS, min_bytes=min_bytes)
+    by_id = {f["id"]: f for f in analysis["findings"]}
+    ramp = by_id["ramp_and_drain"]
+    assert ramp["severity"] == pytest.approx(1 - 10264 / 14382, abs=1e-3)
+    assert "29% of the kernel" in ramp["evidence"] and "average SM for 67%" in ramp["evidence"]
+    assert ramp["rank"] < by_id["underfilled_grid"]["rank"]
+    assert by_id["underfilled_grid"]["severity"] == pytest.approx(0.03)
+
+
+@pytest.mark.parametrize("busiest, expected", [(9_000, None), (8_400, "ramp_and_drain")])
+def test_ramp_and_drain_threshold(busiest, expected):
+    m = {"sm_active_cycles_max": busiest, "sm_elapsed_cycles_max": 10_000, "sm_active_cycles_avg": None}
+    finding = bottlenecks.ramp_and_drain(m, RuleContext(flops=None, min_bytes=None))
+    assert (finding.id if finding else None) == expected
+    if finding:
+        assert "average SM" not in finding.evidence  # an unmeasured average is not invented
+
+
+def test_ramp_and_drain_needs_both_counters():
+    ctx = RuleContext(flops=None, min_bytes=None)
+    assert bottlenecks.ramp_and_drain({"sm_active_cycles_max": 100.0}, ctx) is None
+    assert bottlenecks.ramp_and_drain({"sm_active_cycles_max": 100.0, "sm_elapsed_cycles_max": 0.0}, ctx) is None
 
 
 def test_cudnn_low_occupancy_barrier_and_long_scoreboard(cudnn_analysis):

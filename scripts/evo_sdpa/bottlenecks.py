@@ -24,6 +24,9 @@ TAIL_IDLE_SHARE = 0.10
 # A kernel whose one launch (measured empty, under graph replay) is at least this share of the
 # call (launch + duration) is launch-bound: its fixed costs matter as much as its throughput.
 LAUNCH_BOUND_SHARE = 0.15
+# Even the busiest SM holding no CTA for this share of the kernel's elapsed cycles (launch ramp-up,
+# drain, gaps between its CTAs): the same share of a call as launch_bound's, measured in the kernel.
+RAMP_DRAIN_SHARE = 0.15
 # Below a quarter of the SM's warp slots there are too few warps to hide memory and MMA latency
 # unless the kernel hides it inside the CTA (deep pipelines, warp specialisation).
 LOW_OCCUPANCY_PCT = 25.0
@@ -253,6 +256,37 @@ def launch_bound(m: dict, ctx: RuleContext) -> Finding | None:
     )
 
 
+def ramp_and_drain(m: dict, ctx: RuleContext) -> Finding | None:
+    """The share of the kernel's elapsed cycles in which even the busiest SM held no CTA: launch
+    ramp-up, drain and gaps, which no grid or tile shape removes (ncu's own measurement; under
+    graph replay with programmatic dependent launch part of it overlaps the neighbouring calls)."""
+    busiest, elapsed, average = m.get("sm_active_cycles_max"), m.get("sm_elapsed_cycles_max"), m.get("sm_active_cycles_avg")
+    if not _known(busiest, elapsed) or elapsed <= 0:
+        return None
+    idle = 1.0 - busiest / elapsed
+    if idle < RAMP_DRAIN_SHARE:
+        return None
+    mean_active = (f" (the average SM for {average / elapsed:.0%}; the gap between the two is SMs with less "
+                   f"work or none)" if _known(average) else "")
+    return Finding(
+        id="ramp_and_drain",
+        title="Launch ramp-up and drain: even the busiest SM idles for part of the kernel",
+        severity=_clamp01(idle),
+        metric="sm__cycles_active.max",
+        value=busiest,
+        threshold=RAMP_DRAIN_SHARE,
+        evidence=(
+            f"The busiest SM held a CTA for {_fmt(busiest)} of the kernel's {_fmt(elapsed)} cycles{mean_active}: "
+            f"{idle:.0%} of the kernel is launch ramp-up, drain and gaps, whatever the grid."
+        ),
+        lever=(
+            "Overlap the fixed part with the neighbouring kernels (programmatic dependent launch under graph "
+            "replay), do more work per launch, and shorten the CTA's prologue and epilogue (barrier setup, "
+            "first loads issued at entry, the store)."
+        ),
+    )
+
+
 def low_occupancy(m: dict, ctx: RuleContext) -> Finding | None:
     """Few warps resident per SM; names the resource that caps blocks per SM."""
     achieved, theoretical = m.get("achieved_occupancy_pct"), m.get("theoretical_occupancy_pct")
@@ -476,6 +510,7 @@ def dominant_stalls(m: dict, ctx: RuleContext) -> list[Finding]:
 
 RULES: tuple[Rule, ...] = (
     launch_bound,
+    ramp_and_drain,
     underfilled_grid,
     tail_effect,
     low_occupancy,

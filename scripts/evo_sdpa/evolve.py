@@ -34,6 +34,7 @@ FINDING_TAGS: dict[str, str] = {
     "underfilled_grid": "grid_fill",          # tile size or split
     "tail_effect": "grid_fill",               # tile count, split count, CTAs per SM
     "launch_bound": "latency",                # fixed per-CTA costs, serial chain per CTA
+    "ramp_and_drain": "latency",              # fixed costs at launch and exit, overlap with neighbours
     "low_occupancy": "occupancy",             # registers or tile size
     "register_spills": "registers",
     "shared_bank_conflicts": "bank_conflicts",  # layout or padding

@@ -301,6 +301,11 @@ def _launch_metrics(kernel: KernelProfile) -> dict:
         "block_size": kernel.get("launch__block_size"),
         "sm_count": kernel.get("launch__sm_count"),
         "waves_per_sm": kernel.get("launch__waves_per_multiprocessor"),
+        # Cycles an SM had a CTA resident, on the busiest SM and on average, against the kernel's
+        # elapsed cycles: what waves and grid sizes predict, measured.
+        "sm_active_cycles_max": kernel.get("sm__cycles_active.max"),
+        "sm_active_cycles_avg": kernel.get("sm__cycles_active.avg"),
+        "sm_elapsed_cycles_max": kernel.get("sm__cycles_elapsed.max"),
     }
 
 
