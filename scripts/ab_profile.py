@@ -43,7 +43,8 @@ NVTX_RANGE = "ab_profile"
 WARMUP_CALLS = 3
 SHOWN = ["duration_us", "issue_active_pct", "tensor_pipe_pct", "fma_pipe_pct", "achieved_occupancy_pct",
          "registers_per_thread", "shared_mem_per_block_bytes", "l2_to_sm_read_bytes", "l2_hit_rate_pct",
-         "dram_throughput_pct", "memory_throughput_pct", "shared_wavefronts", "shared_bank_conflicts"]
+         "dram_throughput_pct", "memory_throughput_pct", "shared_wavefronts", "shared_bank_conflicts",
+         "sm_active_cycles_max", "sm_active_cycles_avg", "sm_elapsed_cycles_max"]
 
 
 def target(lib: str, shape: list[int], dtype: str) -> None:
@@ -164,7 +165,8 @@ def main() -> None:
               f"tensor {m['tensor_pipe_pct']:.1f}%, occ {m['achieved_occupancy_pct']:.1f}%, "
               f"regs {m['registers_per_thread']}, L2->SM {m['l2_to_sm_read_bytes'] / 1e9:.2f} GB, "
               f"L2 hit {m['l2_hit_rate_pct']:.0f}%, mem {m['memory_throughput_pct']:.0f}%, "
-              f"smem wavefronts {m['shared_wavefronts']:.3g}")
+              f"smem wavefronts {m['shared_wavefronts']:.3g}, SM active (busiest / mean / elapsed cycles) "
+              f"{m['sm_active_cycles_max']:.0f} / {m['sm_active_cycles_avg']:.0f} / {m['sm_elapsed_cycles_max']:.0f}")
         print("    stalls: " + ", ".join(f"{k} {100 * v:.1f}%" for k, v in top))
         if "hotspots" in r:
             print("\n".join(format_hotspots(r["hotspots"])))

@@ -51,6 +51,28 @@ def test_ab_profile_without_ncu_is_one_line(tmp_path):
     assert proc.stdout == ""
 
 
+def test_ab_profile_prints_the_busiest_and_mean_sm_active_cycles(tmp_path, monkeypatch, capsys):
+    """ncu itself stubbed: its export is the real v4 mission-shape profile (v4 NOTES.md, run 11)."""
+    module = load_script("ab_profile")
+    exported = (REPO / "tests" / "fixtures" / "h100_v4_pipelined_b1h8s512d64_raw.csv").read_text()
+    calls = []
+
+    def fake_run(argv, **kwargs):
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 0, stdout=exported if "--import" in argv else "", stderr="")
+
+    monkeypatch.setattr(module.subprocess, "run", fake_run)
+    monkeypatch.setattr(module, "find_tool", lambda name: "/opt/ncu")
+    monkeypatch.setattr(module, "WORK_DIR", tmp_path / "work")
+    lib = touch(tmp_path / "libv4_pipelined.so")
+    monkeypatch.setattr(sys, "argv", ["ab_profile.py", "--libs", f"v4={lib}", "--shape", "1,8,512,64,0",
+                                      "--out", str(tmp_path / "p.json")])
+    module.main()
+    out = capsys.readouterr().out
+    assert out.startswith("v4: 8.2 us") and "SM active (busiest / mean / elapsed cycles) 10264 / 9707 / 14382" in out
+    assert len(calls) == 2
+
+
 def test_ab_profile_sweep_dir_names_each_library_by_its_folder(tmp_path):
     module = load_script("ab_profile")
     touch(tmp_path / "v4_pipelined" / "default" / "libv4_pipelined.so")
