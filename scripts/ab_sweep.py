@@ -191,7 +191,10 @@ def check_names(names: list[str]) -> None:
 
 
 def main() -> int:
-    args = argument_parser().parse_args()
+    parser = argument_parser()
+    args = parser.parse_args()
+    if args.graph_sets is not None and args.graph_sets < 1:
+        parser.error(f"--graph-sets {args.graph_sets}: give at least 1 input set")
     variant = load_variant(KERNELS_DIR / args.variant)
     others = compared_variants(variant, args.compare)
     if args.artifact and variant.kind != "cuda":

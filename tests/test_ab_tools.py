@@ -150,6 +150,14 @@ def test_ab_sweep_graph_sets_defaults_to_the_benchs_rotation():
     assert parser.parse_args([*base, "--graph-sets", "1"]).graph_sets == 1
 
 
+def test_ab_sweep_graph_sets_below_one_stops_before_any_build(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "ab_sweep.py"), "--variant", "v4_pipelined",
+                           "--out", str(tmp_path / "x.json"), "--config", "default", "--graph-sets", "0"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--graph-sets 0: give at least 1 input set" in proc.stderr
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_ab_sweep_compare_takes_other_cuda_variants_only():
     module = load_script("ab_sweep")
     v4 = load_variant(KERNELS_DIR / "v4_pipelined")
