@@ -1,5 +1,6 @@
 """Stage: the correctness matrix of one variant against a float64 reference and SDPA's own error."""
 import json
+import logging
 import os
 import shlex
 
@@ -11,10 +12,15 @@ from evo_sdpa.errors import StageError, run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import read_json, write_json
 from evo_sdpa.oracle import oracle_records
-from evo_sdpa.parity import build_matrix, run_case, verdict
-from evo_sdpa.provenance import stamp
+from evo_sdpa.parity import CASE_LIMIT_S, build_matrix, hung_record, run_case, verdict
+from evo_sdpa.provenance import card, stamp
 from evo_sdpa.tolerance import ToleranceRule
 from evo_sdpa.variants import KERNELS_DIR, load_variant
+from evo_sdpa.watchdog import StepWatchdog
+
+
+# The watchdog's name for the hand-computed oracle's cases, which run first, as one step.
+ORACLE_STEP = "oracle"
 
 
 def main() -> None:
@@ -51,28 +57,46 @@ def main() -> None:
 
     forward = load_built(variant, read_json(args.build))
     device = "cuda" if on_gpu else "cpu"
-    records = oracle_records(variant, forward, device)
+    measured_on = card()  # read now: after a hang only the watchdog's thread still runs
+    records: list[dict] = []
+    repro = (f"python scripts/run_parity.py --variant {args.variant} --build {args.build} "
+             f"--config-json {shlex.quote(json.dumps(cfg))} --out /tmp/parity_case.json")
+
+    def finish(done: list[dict]) -> None:
+        result = verdict(done, repro)
+        result.update(variant=args.variant, device=device, tier=tier_name, gpu_tier=cfg["parity"]["tier"],
+                      interpreter=(not on_gpu), tolerance=cfg["tolerance"], records=done)
+        stamp(result, sources, measured_on_card=True, card_of=lambda: measured_on)
+        log.info("parity %s: %s (%d/%d passed, tier %s on %s)", args.variant, result["status"],
+                 result["passed"], result["cases"], tier_name, device)
+        write_json(args.out, result)
+
+    def hung(step: str, limit_s: float) -> None:
+        alone = "" if step == ORACLE_STEP else f" Rerun it alone: {repro} --case {step}"
+        log.error("parity %s: %s did not return within %.0f s; the verdict records it as failed and the "
+                  "stage ends here (a kernel cannot be interrupted).%s", args.variant, step, limit_s, alone)
+        finish([*records, hung_record(step, limit_s)])
+        logging.shutdown()
+        os._exit(0)  # the verdict is written; the thread that waits on the GPU never returns
+
+    watchdog = StepWatchdog(CASE_LIMIT_S, hung)
+    with watchdog.step(ORACLE_STEP):
+        oracle = oracle_records(variant, forward, device)
     cases = build_matrix(variant, cfg["parity"]["tiers"][tier_name])
     if args.case:
-        records = [r for r in records if r["id"] == args.case]
+        oracle = [r for r in oracle if r["id"] == args.case]
         cases = [c for c in cases if c.case_id == args.case]
-        if not cases and not records:
+        if not cases and not oracle:
             raise StageError(f"no parity case {args.case!r} in tier {tier_name!r} for {args.variant}")
+    records.extend(oracle)
     rule = ToleranceRule.from_config(cfg["tolerance"])
     for case in cases:
-        record = run_case(case, forward, rule, device)
+        with watchdog.step(case.case_id):
+            record = run_case(case, forward, rule, device)
         records.append(record)
         if record["status"] != "pass":
             log.info("FAIL %s: %s", record["id"], record["reason"])
-    repro = (f"python scripts/run_parity.py --variant {args.variant} --build {args.build} "
-             f"--config-json {shlex.quote(json.dumps(cfg))} --out /tmp/parity_case.json")
-    result = verdict(records, repro)
-    result.update(variant=args.variant, device=device, tier=tier_name, gpu_tier=cfg["parity"]["tier"],
-                  interpreter=(not on_gpu), tolerance=cfg["tolerance"], records=records)
-    stamp(result, sources, measured_on_card=True)
-    log.info("parity %s: %s (%d/%d passed, tier %s on %s)", args.variant, result["status"],
-             result["passed"], result["cases"], tier_name, device)
-    write_json(args.out, result)
+    finish(records)
 
 
 if __name__ == "__main__":

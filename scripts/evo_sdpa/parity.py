@@ -12,6 +12,12 @@ from .tolerance import ToleranceRule, error_stats
 from .variants import Variant
 
 
+# A case (or the oracle's set) that has not returned after this long is recorded as hung and the
+# stage ends: the largest full-tier case takes milliseconds on a GPU, and the CPU tier's largest
+# seconds under the Triton interpreter.
+CASE_LIMIT_S = 300.0
+
+
 @dataclass(frozen=True)
 class ParityCase:
     dtype: str
@@ -95,6 +101,12 @@ def run_tier(variant: Variant, forward, tier: dict, rule: ToleranceRule, device:
 
     return oracle_records(variant, forward, device) + [run_case(case, forward, rule, device)
                                                        for case in build_matrix(variant, tier)]
+
+
+def hung_record(case_id: str, limit_s: float) -> dict:
+    """The record of a case that never returned (the stage ends on it)."""
+    return {"id": case_id, "status": "fail",
+            "reason": f"did not return within {limit_s:.0f} s: the kernel hangs or is far too slow"}
 
 
 def verdict(records: list[dict], repro: str) -> dict:
