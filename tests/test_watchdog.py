@@ -83,3 +83,52 @@ def test_parity_stage_records_a_hung_case_and_ends(tmp_path):
     assert result["first_failure"]["id"] == hung["id"] and result["first_failure"]["repro"].endswith(
         f"--case {hung['id']}")
     assert f"{hung['id']} did not return within 1 s" in proc.stderr and f"--case {hung['id']}" in proc.stderr
+
+
+BENCH_DRIVER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, "scripts")
+    import run_bench
+    from evo_sdpa import bench, runners
+
+    calls = []
+
+    def bench_case(forward, shape, dtype, timing, rule, ceilings):
+        calls.append(shape.label)
+        if len(calls) == 2:
+            time.sleep(120)  # a kernel that never returns
+        mode = {"label": "eager", "variant": {"p50_us": 2.0}, "sdpa": {"p50_us": 1.0}, "speedup_p50": 0.5}
+        return {"status": "measured", "label": shape.label, "dtype": dtype, "primary_mode": "eager",
+                "modes": {"eager": mode}, "recheck": {"status": "pass"}}
+
+    bench.bench_case = bench_case
+    bench.spin_up_clock = lambda: {"status": "no clock reading"}
+    bench.CASE_LIMIT_S = 1.0
+    runners.load_built = lambda variant, build: None
+    run_bench.cuda_available = lambda: True
+    run_bench.blocked_by = lambda **paths: None
+    sys.argv = ["run_bench.py", *sys.argv[1:]]
+    run_bench.run_stage(run_bench.main)
+""")
+
+
+def test_bench_stage_records_a_hung_case_and_ends(tmp_path):
+    for name in ("env", "build", "sanitizer", "parity"):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"status": "pass", "reasons": []}))
+    out = tmp_path / "bench.json"
+    shapes = [{"B": 1, "H": 2, "S": 64, "D": 64, "causal": False}, {"B": 1, "H": 2, "S": 128, "D": 64, "causal": True}]
+    cfg = {"shape_suites": {"s": shapes}, "bench_suite": "s", "dtypes": ["fp16"], "timing": {},
+           "tolerance": {"sdpa_multiple": 4.0, "atol": {"fp16": 1e-3, "bf16": 8e-3}}}
+    argv = ["--variant", "v1_scalar", "--config-json", json.dumps(cfg), "--out", str(out)]
+    for name in ("env", "build", "sanitizer", "parity"):
+        argv += [f"--{name}", str(tmp_path / f"{name}.json")]
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-c", BENCH_DRIVER, *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=60)
+    assert time.monotonic() - started < 30, "the stage waited for the hung case"
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert result["status"] == "fail" and result["variant"] == "v1_scalar"
+    assert result["reasons"] == ["B1_H2_S128_D64_causal fp16 did not return within 1 s: the kernel hangs or is far "
+                                 "too slow"]
+    assert "B1_H2_S128_D64_causal fp16 did not return within 1 s" in proc.stderr

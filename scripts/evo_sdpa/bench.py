@@ -3,6 +3,7 @@ output on fresh inputs after the timing loop."""
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 from .inputs import make_qkv, reference
 from .runners import sdpa_call
@@ -142,8 +143,15 @@ def bench_case(variant_forward, shape: Shape, dtype: str, timing: dict, rule: To
             "recheck": check, "sm_clock_mhz_before": clock_before, "sm_clock_mhz_after": clock_after}
 
 
+# A case that has not returned after this long is taken for a hung kernel (a case's timing is
+# capped at max_time_ms per mode, seconds in all).
+CASE_LIMIT_S = 300.0
+
+
 def run(variant: Variant, forward, shapes: list[Shape], dtypes: list[str], timing: dict,
-        rule: ToleranceRule, ceilings: dict | None, log) -> dict:
+        rule: ToleranceRule, ceilings: dict | None, log, watchdog=None) -> dict:
+    """Every supported (shape, dtype) of the suite, each inside `watchdog.step(<label> <dtype>)`
+    when a watchdog (evo_sdpa.watchdog.StepWatchdog) is given."""
     spin_up = spin_up_clock()
     log.info("clock before timing: %s", spin_up)
     cases = []
@@ -154,7 +162,8 @@ def run(variant: Variant, forward, shapes: list[Shape], dtypes: list[str], timin
                 cases.append({"shape": shape.to_dict(), "label": shape.label, "dtype": dtype,
                               "status": "skipped", "reason": f"outside the variant's support: {why}"})
                 continue
-            case = bench_case(forward, shape, dtype, timing, rule, ceilings)
+            with watchdog.step(f"{shape.label} {dtype}") if watchdog else nullcontext():
+                case = bench_case(forward, shape, dtype, timing, rule, ceilings)
             primary = case["modes"][case["primary_mode"]]
             log.info("%s %s [%s]: variant p50 %.2f us, sdpa p50 %.2f us, speedup %.3f, recheck %s",
                      shape.label, dtype, primary["label"], primary["variant"]["p50_us"],
