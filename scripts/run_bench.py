@@ -1,7 +1,4 @@
 """Stage: time one variant against SDPA in the same process on the bench suite."""
-import logging
-import os
-
 from evo_sdpa.cardlock import hold_card
 from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.config import suite_shapes
@@ -12,7 +9,7 @@ from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import read_json, write_json
 from evo_sdpa.provenance import stamp
 from evo_sdpa.variants import KERNELS_DIR, load_variant
-from evo_sdpa.watchdog import StepWatchdog
+from evo_sdpa.watchdog import StepWatchdog, end_stage
 
 
 def main() -> None:
@@ -59,8 +56,7 @@ def main() -> None:
             finish({"status": "fail", "cases": [],
                     "reasons": [f"{step} did not return within {limit_s:.0f} s: the kernel hangs or is far too slow"]},
                    card_of=lambda: measured_on)
-            logging.shutdown()
-            os._exit(0)  # the record is written; the thread that waits on the GPU never returns
+            end_stage()
 
         finish(run(variant, forward, suite_shapes(cfg, cfg["bench_suite"]), cfg["dtypes"], cfg["timing"],
                    ToleranceRule.from_config(cfg["tolerance"]), env.get("ceilings"), log,

@@ -1,6 +1,5 @@
 """Stage: the correctness matrix of one variant against a float64 reference and SDPA's own error."""
 import json
-import logging
 import os
 import shlex
 
@@ -16,7 +15,7 @@ from evo_sdpa.parity import CASE_LIMIT_S, build_matrix, hung_record, run_case, v
 from evo_sdpa.provenance import card, stamp
 from evo_sdpa.tolerance import ToleranceRule
 from evo_sdpa.variants import KERNELS_DIR, load_variant
-from evo_sdpa.watchdog import StepWatchdog
+from evo_sdpa.watchdog import StepWatchdog, end_stage
 
 
 # The watchdog's name for the hand-computed oracle's cases, which run first, as one step.
@@ -76,8 +75,7 @@ def main() -> None:
         log.error("parity %s: %s did not return within %.0f s; the verdict records it as failed and the "
                   "stage ends here (a kernel cannot be interrupted).%s", args.variant, step, limit_s, alone)
         finish([*records, hung_record(step, limit_s)])
-        logging.shutdown()
-        os._exit(0)  # the verdict is written; the thread that waits on the GPU never returns
+        end_stage()
 
     watchdog = StepWatchdog(CASE_LIMIT_S, hung)
     with watchdog.step(ORACLE_STEP):
