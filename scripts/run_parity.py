@@ -18,7 +18,8 @@ from evo_sdpa.variants import KERNELS_DIR, load_variant
 from evo_sdpa.watchdog import StepWatchdog, end_stage
 
 
-# The watchdog's name for the hand-computed oracle's cases, which run first, as one step.
+# The hand-computed oracle's cases, which run first, as one step: the watchdog's name for them, and
+# the --case that runs only them (what a hang there names as its repro).
 ORACLE_STEP = "oracle"
 
 
@@ -28,7 +29,8 @@ def main() -> None:
     p.add_argument("--build", required=True)
     config_arg(p)
     p.add_argument("--out", required=True)
-    p.add_argument("--case", help="run only the case with this id (what a failure's repro names)")
+    p.add_argument("--case", help=f"run only the case with this id (what a failure's repro names; {ORACLE_STEP!r}: "
+                                  "only the hand-computed oracle's cases)")
     args = p.parse_args()
     log = setup_logging()
     hold_card(f"parity {args.variant}", log)
@@ -71,9 +73,9 @@ def main() -> None:
         write_json(args.out, result)
 
     def hung(step: str, limit_s: float) -> None:
-        alone = "" if step == ORACLE_STEP else f" Rerun it alone: {repro} --case {step}"
         log.error("parity %s: %s did not return within %.0f s; the verdict records it as failed and the "
-                  "stage ends here (a kernel cannot be interrupted).%s", args.variant, step, limit_s, alone)
+                  "stage ends here (a kernel cannot be interrupted). Rerun it alone: %s --case %s",
+                  args.variant, step, limit_s, repro, step)
         finish([*records, hung_record(step, limit_s)])
         end_stage()
 
@@ -81,7 +83,9 @@ def main() -> None:
     with watchdog.step(ORACLE_STEP):
         oracle = oracle_records(variant, forward, device)
     cases = build_matrix(variant, cfg["parity"]["tiers"][tier_name])
-    if args.case:
+    if args.case == ORACLE_STEP:
+        cases = []
+    elif args.case:
         oracle = [r for r in oracle if r["id"] == args.case]
         cases = [c for c in cases if c.case_id == args.case]
         if not cases and not oracle:

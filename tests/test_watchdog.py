@@ -132,3 +132,22 @@ def test_bench_stage_records_a_hung_case_and_ends(tmp_path):
     assert result["reasons"] == ["B1_H2_S128_D64_causal fp16 did not return within 1 s: the kernel hangs or is far "
                                  "too slow"]
     assert "B1_H2_S128_D64_causal fp16 did not return within 1 s" in proc.stderr
+
+
+def test_a_hang_in_the_oracle_names_a_repro_that_runs_only_the_oracle(tmp_path):
+    """`--case oracle` runs just the oracle's cases: the repro that a hang among them (one watchdog step) names."""
+    build = tmp_path / "build.json"
+    build.write_text(json.dumps({"status": "pass", "reasons": []}))
+    out = tmp_path / "parity.json"
+    tier = {"seq_lens": [1, 17], "batch_heads": [[1, 2]], "seeds": [0], "distributions": ["normal"]}
+    cfg = {"parity": {"tier": "quick", "cpu_tier": "t", "tiers": {"t": tier}},
+           "tolerance": {"sdpa_multiple": 4.0, "atol": {"fp16": 1e-3, "bf16": 8e-3}}}
+    driver = DRIVER.replace("run_parity.oracle_records = lambda variant, forward, device: []",
+                            "run_parity.oracle_records = lambda variant, forward, device: "
+                            "[{'id': 'oracle-a', 'status': 'pass', 'reason': ''}]")
+    proc = subprocess.run([sys.executable, "-c", driver, "--variant", "triton_flash", "--build", str(build),
+                           "--config-json", json.dumps(cfg), "--out", str(out), "--case", "oracle"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    result = json.loads(out.read_text())
+    assert [r["id"] for r in result["records"]] == ["oracle-a"] and result["status"] == "pass"
