@@ -63,17 +63,23 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def test_parity_stage_records_a_hung_case_and_ends(tmp_path):
+def run_parity_driver(tmp_path: Path, driver: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    """The parity stage's main under `driver`, on a two-case CPU tier of triton_flash."""
     build = tmp_path / "build.json"
     build.write_text(json.dumps({"status": "pass", "reasons": []}))
     out = tmp_path / "parity.json"
     tier = {"seq_lens": [1, 17], "batch_heads": [[1, 2]], "seeds": [0], "distributions": ["normal"]}
     cfg = {"parity": {"tier": "quick", "cpu_tier": "t", "tiers": {"t": tier}},
            "tolerance": {"sdpa_multiple": 4.0, "atol": {"fp16": 1e-3, "bf16": 8e-3}}}
-    started = time.monotonic()
-    proc = subprocess.run([sys.executable, "-c", DRIVER, "--variant", "triton_flash", "--build", str(build),
-                           "--config-json", json.dumps(cfg), "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-c", driver, "--variant", "triton_flash", "--build", str(build),
+                           "--config-json", json.dumps(cfg), "--out", str(out), *extra],
                           cwd=REPO, capture_output=True, text=True, timeout=60)
+    return proc, out
+
+
+def test_parity_stage_records_a_hung_case_and_ends(tmp_path):
+    started = time.monotonic()
+    proc, out = run_parity_driver(tmp_path, DRIVER)
     assert time.monotonic() - started < 30, "the stage waited for the hung case"
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
@@ -136,18 +142,10 @@ def test_bench_stage_records_a_hung_case_and_ends(tmp_path):
 
 def test_a_hang_in_the_oracle_names_a_repro_that_runs_only_the_oracle(tmp_path):
     """`--case oracle` runs just the oracle's cases: the repro that a hang among them (one watchdog step) names."""
-    build = tmp_path / "build.json"
-    build.write_text(json.dumps({"status": "pass", "reasons": []}))
-    out = tmp_path / "parity.json"
-    tier = {"seq_lens": [1, 17], "batch_heads": [[1, 2]], "seeds": [0], "distributions": ["normal"]}
-    cfg = {"parity": {"tier": "quick", "cpu_tier": "t", "tiers": {"t": tier}},
-           "tolerance": {"sdpa_multiple": 4.0, "atol": {"fp16": 1e-3, "bf16": 8e-3}}}
     driver = DRIVER.replace("run_parity.oracle_records = lambda variant, forward, device: []",
                             "run_parity.oracle_records = lambda variant, forward, device: "
                             "[{'id': 'oracle-a', 'status': 'pass', 'reason': ''}]")
-    proc = subprocess.run([sys.executable, "-c", driver, "--variant", "triton_flash", "--build", str(build),
-                           "--config-json", json.dumps(cfg), "--out", str(out), "--case", "oracle"],
-                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    proc, out = run_parity_driver(tmp_path, driver, "--case", "oracle")
     assert proc.returncode == 0, proc.stderr
     result = json.loads(out.read_text())
     assert [r["id"] for r in result["records"]] == ["oracle-a"] and result["status"] == "pass"
