@@ -116,7 +116,7 @@ def generation_lists(state) -> list[list[tuple]]:
 
 
 def test_a_knob_marked_evolve_false_keeps_its_default():
-    """v5_hopper's key_split cannot pass racecheck yet: its other value is never proposed."""
+    """A knob with evolve: false (v5_hopper's pdl, say) is never moved from its default."""
     knobs = space_of({"split": {"values": [0, 1], "default": 0, "evolve": False},
                       "stages": {"values": [2, 3], "default": 2}})
     assert knobs[0] == Knob("split", (0,), 0) and not knobs[0].movable

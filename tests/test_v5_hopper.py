@@ -41,7 +41,7 @@ def test_builds_for_sm90a_without_spills(sm90a_build):
     assert verdict["arch"] == "-gencode=arch=compute_90a,code=sm_90a"
     assert len(verdict["units"]) == 5     # the ABI and one unit per (dtype, head dim), built in parallel
     kernels = {r["kernel"] for r in resources}
-    assert len(kernels) == 8              # 2 dtypes x 2 head dims x causal or not (key_split off)
+    assert len(kernels) == 12             # 2 dtypes x 2 head dims x causal, full, full split
     assert all(r["spill_store_bytes"] == 0 and r["stack_frame_bytes"] == 0 for r in resources)
 
 

@@ -10,8 +10,8 @@
 // (v4_pipelined's NOTES.md, run 5: pulling through distributed shared memory cost ~1 us per rank).
 //
 // Ordering: thread 0 initialises the receive barriers at entry (each arrival made with the bytes it
-// expects) and every thread arrives on the cluster barrier; a warp waits on that barrier before
-// its first push, so no push reaches a barrier before it exists. The slots lie apart from the
+// expects) and every thread arrives on the cluster barrier; every consumer warp waits on that
+// barrier before the merge, so no push reaches a barrier before it exists. The slots lie apart from the
 // rings, so a push may land while the owner is still in its key loop.
 #pragma once
 
@@ -55,8 +55,11 @@ struct ClusterMerge {
         const int owner = warp % splits;
         const int owned = warp / splits;
         const uint32_t receive = cute::cast_smem_ptr_to_uint(shared.receive.data());
+        // Every rank's barriers exist. Owners wait too, though on the card only a pusher needs to:
+        // compute-sanitizer's racecheck follows a push only past the owner's own wait (NOTES.md,
+        // runs 26-28). Not the producer warps: their wait after the loads hung the card (run 27).
+        evo_sm90::cluster_wait();
         if (owner != rank) {
-            evo_sm90::cluster_wait();   // every rank's barriers exist
             const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank, owner), owner);
             const uint32_t remote_barrier = evo_sm90::map_to_rank(barrier(owned), owner);
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
