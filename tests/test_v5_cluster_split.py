@@ -104,3 +104,27 @@ def test_small_grids_run_the_split_kernel(split_build, grid, splits):
     names = [e.name for e in prof.events() if "v5_hopper_attention_fwd" in e.name]
     assert names, [e.name for e in prof.events()]
     assert any(", 2, true>" in name for name in names) == splits, names
+
+
+@pytest.mark.gpu
+def test_racecheck_follows_the_pushes(split_build, tmp_path, monkeypatch):
+    """compute-sanitizer's racecheck over the split kernels (clusters of 2 and of 4) completes with
+    no hazard. It hung while the owner warps skipped the cluster barrier's wait (NOTES.md, runs
+    26-28), so a hang fails here after three minutes, not the stage's fifteen."""
+    import json
+    import shutil
+
+    from evo_sdpa import sanitizer
+
+    if not sm90_device():
+        pytest.skip("v5_hopper runs on compute capability 9.0 only")
+    tool = shutil.which("compute-sanitizer")
+    if tool is None:
+        pytest.skip("compute-sanitizer is not on PATH")
+    monkeypatch.setattr(sanitizer, "TOOL_TIMEOUT_S", 180)
+    build = tmp_path / "build.json"
+    build.write_text(json.dumps(split_build[0]))
+    cfg = {"tools": ["racecheck"], "padding_bytes": 256, "shape": {"B": 1, "H": 1, "S": 129}}
+    result = sanitizer.check_variant(tool, cfg, v5_variant(), build, tmp_path / "logs")
+    assert result["status"] == "pass", result
+    assert result["variant_shapes"] == [{"B": 1, "H": 2, "S": 520}]   # the clusters of 4 ran too
