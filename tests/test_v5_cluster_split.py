@@ -14,14 +14,16 @@ from evo_sdpa.sass import dump_sass, find_sass_tools
 from test_v5_hopper import needs_toolchain, sm90_device, v5_variant
 
 SPLIT = {"key_split": 1, "pdl": 1}   # PDL on every launch, eager ones included
-# KernelTraits<Element, D, 128, 128, 2, true>: the split traits' last argument, mangled.
+# KernelTraits<Element, D, M, 128, 2, true>: the split traits' last argument, mangled.
 SPLIT_TRAITS = "ELi2ELb1EEE"
 
 
-@pytest.fixture(scope="module")
-def split_build(tmp_path_factory):
+# Split CTAs of 128 query rows (two consumer warp groups) and of 64 (one; two CTAs to an SM at D=64).
+@pytest.fixture(scope="module", params=[128, 64], ids=["m128", "m64"])
+def split_build(request, tmp_path_factory):
     needs_toolchain()
-    verdict, resources, _ = build_cuda(v5_variant(), "9.0", tmp_path_factory.mktemp("v5_split"), tunable_values=SPLIT)
+    verdict, resources, _ = build_cuda(v5_variant(), "9.0", tmp_path_factory.mktemp("v5_split"),
+                                       tunable_values={**SPLIT, "split_block_m": request.param})
     assert verdict["status"] == "pass", verdict["reasons"]
     return verdict, resources
 
@@ -32,6 +34,10 @@ def test_split_kernels_build_without_spills(split_build):
     assert len(split) == 4, [r["kernel"] for r in resources]   # fp16/bf16 x D 64/128, non-causal only
     assert all(r["spill_store_bytes"] == 0 and r["stack_frame_bytes"] == 0 for r in split)
     assert len(resources) == 12
+    if split_build[0]["tunables"]["split_block_m"] == 64:
+        # Launched for two CTAs per SM at D=64 (setmaxnreg then trades within 128 x 256 registers).
+        d64 = [r for r in split if "ELi64ELi64ELi128" in r["kernel"]]
+        assert len(d64) == 2 and all(r["registers"] <= 128 for r in d64), d64
 
 
 def test_split_kernels_push_through_st_async_without_a_fence(split_build):
@@ -44,7 +50,7 @@ def test_split_kernels_push_through_st_async_without_a_fence(split_build):
     split = [f for f in functions if SPLIT_TRAITS in f.split("\n", 1)[0]]
     assert len(split) == 4
     for body in split:
-        head_dim = 64 if "ELi64ELi128" in body.split("\n", 1)[0] else 128
+        head_dim = int(re.search(r"_tELi(\d+)ELi", body.split("\n", 1)[0]).group(1))   # KernelTraits<T, D, ...>
         assert body.count("STAS.128") == 1 + head_dim // 8   # max and sum, then O, 16 bytes per lane each
         assert "SYNCS.ARRIVE.TRANS64" in body   # the owner's barriers expect the bytes
         assert "UCGABAR_ARV" in body and "UCGABAR_WAIT" in body   # the cluster barrier before any push

@@ -11,7 +11,8 @@
 //     warp groups take turns issuing, so one's softmax runs under the other's products.
 //
 // With key_split, a small non-causal grid runs clusters of 2 or 4 CTAs per query tile, each over
-// a share of its key tiles, merged in the owner of each warp's rows (cluster_merge.cuh).
+// a share of its key tiles, merged in the owner of each warp's rows (cluster_merge.cuh); with
+// split_block_m 64 those CTAs hold one consumer warp group, two to an SM at D=64.
 //
 // Key tiles are visited from the last (the masked ones) down to the first. With a persistent
 // grid a CTA runs several query tiles: the rings' states, the barriers and the issue rotation
@@ -165,7 +166,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     constexpr int kRows = decltype(size<0>(s_rc))::value;
     // Ping-pong per mask kind: on the long non-causal D=128 shape the two groups issuing freely
     // measured 5% faster, on the causal ones 1-3% slower (NOTES.md, run 10).
-    constexpr bool kPingpong = kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL;
+    // One group (a 64-row split CTA) has no one to take turns with.
+    constexpr bool kPingpong = Traits::kConsumerWarpGroups > 1 && (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
     const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{consumer_thread / cutlass::NumThreadsPerWarpGroup};
 
     const TileScheduler<Traits, kCausal> scheduler{params};
@@ -268,7 +270,7 @@ __device__ typename Traits::Pipeline::Params pipeline_params(bool producer, bool
 }
 
 template <class Traits, bool kCausal>
-__global__ void __launch_bounds__(Traits::kThreads, 1)
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
 v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params) {
     extern __shared__ __align__(1024) unsigned char smem[];
     auto& shared = *reinterpret_cast<typename Traits::SharedStorage*>(smem);

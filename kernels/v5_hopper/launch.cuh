@@ -51,6 +51,11 @@ cudaError_t configure_once() {
     if (bit != 0 && (configured.load(std::memory_order_acquire) & bit)) return cudaSuccess;
     status = cudaFuncSetAttribute(v5_hopper_attention_fwd<Traits, kCausal>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
+    // Two CTAs to an SM need the whole carveout as shared memory; the default is only a hint.
+    if (status == cudaSuccess && Traits::kMinBlocksPerSm > 1) {
+        status = cudaFuncSetAttribute(v5_hopper_attention_fwd<Traits, kCausal>,
+                                      cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
+    }
     if (status == cudaSuccess) configured.fetch_or(bit, std::memory_order_release);
     return status;
 }
@@ -133,13 +138,14 @@ int max_active_clusters(int splits) {
 }
 
 // CTAs per cluster for a grid of `tiles` query tiles of `key_tiles` key tiles each (1: no split):
-// the most of 4 and 2 that keeps the grid within one CTA per SM, gives every rank a key tile, and
-// whose clusters all fit on the device at once (a second wave of clusters would double the time).
+// the most of 4 and 2 that keeps the grid within the CTAs the SMs hold at once (one per SM, two
+// for 64-row D=64 split CTAs), gives every rank a key tile, and whose clusters all fit on the
+// device at once (a second wave of clusters would double the time).
 template <class Traits, bool kCausal>
 int cluster_splits(int64_t tiles, int key_tiles) {
-    const int64_t sms = sm_count();
+    const int64_t slots = int64_t(sm_count()) * Traits::kMinBlocksPerSm;
     for (int splits = Traits::kMaxSplits; splits >= 2; splits /= 2) {
-        if (splits > key_tiles || tiles * splits > sms) continue;
+        if (splits > key_tiles || tiles * splits > slots) continue;
         if (tiles <= max_active_clusters<Traits, kCausal>(splits)) return splits;
     }
     return 1;
@@ -228,8 +234,9 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
     if constexpr (V5_HOPPER_KEY_SPLIT) {
         // A split CTA walks a share of one tile's keys: two stages are enough, and leave shared
         // memory for the receive slots at D=128.
-        using SplitTraits = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, 2, true>;
-        const int64_t tiles = int64_t((seq_len + kBlockMFull - 1) / kBlockMFull) * heads * batch;
+        using SplitTraits = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, kBlockNFull, 2, true>;
+        constexpr int kSplitBlockM = V5_HOPPER_SPLIT_BLOCK_M;
+        const int64_t tiles = int64_t((seq_len + kSplitBlockM - 1) / kSplitBlockM) * heads * batch;
         const int splits = detail::cluster_splits<SplitTraits, false>(tiles, (seq_len + kBlockNFull - 1) / kBlockNFull);
         if (splits > 1) {
             auto params = detail::make_params<SplitTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale);

@@ -79,6 +79,10 @@
 #ifndef V5_HOPPER_KEY_SPLIT
 #error "V5_HOPPER_KEY_SPLIT undefined: the build passes it from variant.yaml (tunables.key_split)"
 #endif
+// query rows of a split CTA: 128 (two consumer warp groups) or 64 (one)
+#ifndef V5_HOPPER_SPLIT_BLOCK_M
+#error "V5_HOPPER_SPLIT_BLOCK_M undefined: the build passes it from variant.yaml (tunables.split_block_m)"
+#endif
 // causal tile order: 0 head by head, 1 longest first across heads (non-persistent grids), 2 always,
 // 3 as 1 plus long/short pairs of one head on persistent grids (tile_order.cuh)
 #ifndef V5_HOPPER_CAUSAL_ORDER
