@@ -34,29 +34,6 @@ struct KernelTraits {
     static_assert(kConsumerWarpGroups >= 1 && kConsumerWarpGroups <= 3 && kBlockM % 64 == 0,
                   "64, 128 or 192 query rows per CTA");
     static_assert(kConsumerWarpGroups > 1 || kSplit, "64-row tiles only for the split kernels (split_block_m)");
-    // The receive slots (sized below) and the rings, as the shared-memory footprint decides how
-    // many CTAs share an SM: two 64-row split CTAs at D=64 (about 86 KB each), one otherwise.
-    static constexpr int kSplitChunks = 1 + kHeadDim / 8;
-    static constexpr int kWarpStateBytes = kSplitChunks * 16 * 32;
-    static constexpr int kRingBytes = int(sizeof(Element)) * kHeadDim * (kBlockM + 2 * kBlockN * kStages);
-    static constexpr int kMinBlocksPerSm = kConsumerWarpGroups == 1 && kRingBytes + 4 * kWarpStateBytes <= 100 * 1024 ? 2 : 1;
-    // setmaxnreg budgets: the producer only issues copies; the consumers hold S, P and O. The
-    // warp groups can only trade the registers the CTA was launched with (65536 / threads / CTAs
-    // per SM, in steps of 8): 168 x 384 = 64512 for two consumer groups, 128 x 512 = 65536 for
-    // three, 128 x 256 x 2 CTAs for one. Asking for more than that makes setmaxnreg.inc wait
-    // forever (a hang seen on the H100, run 4).
-    static constexpr int kLaunchRegisters = (65536 / (kThreads * kMinBlocksPerSm)) / 8 * 8;
-    // The producer at 24 registers spills; at 32 it does not since Q has a thread of its own (run 18),
-    // which lets three consumer groups have 160 (at 152 the 192-row D=64 kernels spilled 48 bytes).
-    static constexpr int kProducerRegisters = kConsumerWarpGroups == 2 ? 40 : 32;
-    static constexpr int kConsumerRegisters =
-        kConsumerWarpGroups == 2 ? 232
-        : kConsumerWarpGroups == 3 ? 160
-        : (2 * kLaunchRegisters - kProducerRegisters < 240 ? 2 * kLaunchRegisters - kProducerRegisters : 240);
-    static_assert(kProducerRegisters + kConsumerWarpGroups * kConsumerRegisters <=
-                      (kConsumerWarpGroups + 1) * kLaunchRegisters,
-                  "setmaxnreg budgets exceed the registers the CTA is launched with");
-
     static_assert(kHeadDim % 64 == 0, "head dim: whole 128-byte swizzle atoms");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "keys per stage: a wgmma N (and P V K) of 16..256");
 
@@ -149,6 +126,8 @@ struct KernelTraits {
     // the most owned warps (S = 2).
     static constexpr int kConsumerWarps = kConsumerThreads / 32;
     static constexpr int kMaxSplits = 4;
+    static constexpr int kSplitChunks = 1 + kHeadDim / 8;
+    static constexpr int kWarpStateBytes = kSplitChunks * 16 * 32;
     static constexpr int kReceiveSlots = kConsumerWarps - kConsumerWarps / kMaxSplits;
     static constexpr int kMostOwnedWarps = kConsumerWarps / 2;
 
@@ -171,10 +150,27 @@ struct KernelTraits {
         uint64_t receive_barrier[kSplit ? kMostOwnedWarps : 1];           // an owned warp's slots filled
     };
     static constexpr int kSmemBytes = sizeof(SharedStorage);
-    static_assert(kMinBlocksPerSm == 1 || 2 * (kSmemBytes + 1024) <= 228 * 1024,
-                  "two CTAs per SM need their shared memory to fit twice");
     static_assert(kSmemBytes <= 227 * 1024,
                   "an H100 CTA has at most 227 KB of shared memory (tma_epilogue=1 and stages=3 at D=128 exceed it)");
+    // CTAs an SM holds: two 64-row split CTAs where their shared memory fits twice in the SM's
+    // 228 KB (1 KB of it reserved per CTA): at D=64, about 86 KB each; one otherwise.
+    static constexpr int kMinBlocksPerSm = kConsumerWarpGroups == 1 && 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
+    // setmaxnreg budgets: the producer only issues copies; the consumers hold S, P and O. The
+    // warp groups can only trade the registers the CTA was launched with (65536 / threads / CTAs
+    // per SM, in steps of 8): 168 x 384 = 64512 for two consumer groups, 128 x 512 = 65536 for
+    // three, 128 x 256 x 2 CTAs for one. Asking for more than that makes setmaxnreg.inc wait
+    // forever (a hang seen on the H100, run 4).
+    static constexpr int kLaunchRegisters = (65536 / (kThreads * kMinBlocksPerSm)) / 8 * 8;
+    // The producer at 24 registers spills; at 32 it does not since Q has a thread of its own (run 18),
+    // which lets three consumer groups have 160 (at 152 the 192-row D=64 kernels spilled 48 bytes).
+    static constexpr int kProducerRegisters = kConsumerWarpGroups == 2 ? 40 : 32;
+    static constexpr int kConsumerRegisters =
+        kConsumerWarpGroups == 2 ? 232
+        : kConsumerWarpGroups == 3 ? 160
+        : (2 * kLaunchRegisters - kProducerRegisters < 240 ? 2 * kLaunchRegisters - kProducerRegisters : 240);
+    static_assert(kProducerRegisters + kConsumerWarpGroups * kConsumerRegisters <=
+                      (kConsumerWarpGroups + 1) * kLaunchRegisters,
+                  "setmaxnreg budgets exceed the registers the CTA is launched with");
 
     struct Params {
         TmaQ tma_q;

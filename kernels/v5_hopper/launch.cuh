@@ -235,8 +235,7 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
         // A split CTA walks a share of one tile's keys: two stages are enough, and leave shared
         // memory for the receive slots at D=128.
         using SplitTraits = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, kBlockNFull, 2, true>;
-        constexpr int kSplitBlockM = V5_HOPPER_SPLIT_BLOCK_M;
-        const int64_t tiles = int64_t((seq_len + kSplitBlockM - 1) / kSplitBlockM) * heads * batch;
+        const int64_t tiles = int64_t((seq_len + SplitTraits::kBlockM - 1) / SplitTraits::kBlockM) * heads * batch;
         const int splits = detail::cluster_splits<SplitTraits, false>(tiles, (seq_len + kBlockNFull - 1) / kBlockNFull);
         if (splits > 1) {
             auto params = detail::make_params<SplitTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale);
