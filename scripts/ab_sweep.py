@@ -24,7 +24,6 @@ scripts/ab_profile.py --sweep-dir finds them for Nsight Compute.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import math
 import sys
@@ -43,7 +42,7 @@ from evo_sdpa.parity import build_matrix, run_case  # noqa: E402
 from evo_sdpa.runners import load_forward, sdpa_call  # noqa: E402
 from evo_sdpa.tolerance import ToleranceRule  # noqa: E402
 from evo_sdpa.tunables import changed, parse_assignments, resolve, split_define_flags  # noqa: E402
-from evo_sdpa.variants import KERNELS_DIR, REPO, Variant, load_variant  # noqa: E402
+from evo_sdpa.variants import KERNELS_DIR, REPO, Variant, load_variant, with_flags  # noqa: E402
 
 BUILD_DIR = Path("/tmp/evo_sdpa_ab_sweep")
 # The bench stage's timing settings, shortened for a sweep of many configurations.
@@ -83,13 +82,6 @@ class ConfigAction(argparse.Action):
         else:
             configs[-1]["flags"].extend(value.split())
         namespace.configs = configs
-
-
-def with_flags(variant: Variant, flags: list[str], allow_spills: bool = False) -> Variant:
-    build = dict(variant.meta["build"], nvcc_flags=[*variant.meta["build"]["nvcc_flags"], *flags])
-    if allow_spills:
-        build["allow_spills"] = True
-    return dataclasses.replace(variant, meta=dict(variant.meta, build=build))
 
 
 def overrides_of(variant: Variant, spec: dict) -> tuple[dict[str, int], list[str]]:

@@ -134,3 +134,61 @@ def test_racecheck_follows_the_pushes(split_build, tmp_path, monkeypatch):
     result = sanitizer.check_variant(tool, cfg, v5_variant(), build, tmp_path / "logs")
     assert result["status"] == "pass", result
     assert result["variant_shapes"] == [{"B": 1, "H": 2, "S": 520}]   # the clusters of 4 ran too
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("operand", ["q", "k", "v"])
+@pytest.mark.parametrize("grid", [(1, 8, 512), (2, 8, 512), (1, 2, 520)], ids=lambda g: "x".join(map(str, g)))
+def test_a_chain_of_launches_reads_each_previous_output(split_build, operand, grid):
+    """Each call's `operand` is the previous call's output, launched back to back with PDL (every
+    launch of this build) and again captured in a graph. Only the loading threads wait for the
+    previous grid (NOTES.md, run 32): a load issued before that grid's stores landed would read a
+    stale input, and the chain would differ from the same calls run one at a time."""
+    import math
+
+    import torch
+
+    from evo_sdpa.inputs import make_qkv
+    from evo_sdpa.runners import load_forward
+
+    if not sm90_device():
+        pytest.skip("v5_hopper runs on compute capability 9.0 only")
+    forward = load_forward(v5_variant(), split_build[0]["artifact"])
+    q, k, v = make_qkv(*grid, 64, torch.float16, "cuda", 0)
+    links = 8
+    outs = [torch.empty_like(q) for _ in range(links)]
+
+    def chain(synchronize: bool) -> None:
+        previous = None
+        for out in outs:
+            args = {"q": q, "k": k, "v": v}
+            if previous is not None:
+                args[operand] = previous
+            forward(args["q"], args["k"], args["v"], out, False, 1 / math.sqrt(64))
+            if synchronize:
+                torch.cuda.synchronize()
+            previous = out
+
+    chain(synchronize=True)
+    expected = [out.clone() for out in outs]
+    for out in outs:
+        out.fill_(float("nan"))
+    chain(synchronize=False)
+    torch.cuda.synchronize()
+    for i, (got, want) in enumerate(zip(outs, expected)):
+        assert torch.equal(got, want), f"back-to-back call {i} differs from the one-at-a-time chain"
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        chain(synchronize=False)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        chain(synchronize=False)
+    for out in outs:
+        out.fill_(float("nan"))
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    for i, (got, want) in enumerate(zip(outs, expected)):
+        assert torch.equal(got, want), f"graph-replayed call {i} differs from the one-at-a-time chain"

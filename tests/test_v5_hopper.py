@@ -3,22 +3,19 @@ the Hopper instructions, nothing spills, and the library exports the C ABI and n
 GPU (an sm_90 device): parity on ragged lengths, and two builds of it side by side in one process."""
 from __future__ import annotations
 
-import dataclasses
 import shutil
 import subprocess
 
 import pytest
 
 from evo_sdpa.build import build_cuda, installed_cutlass_include
-from evo_sdpa.variants import KERNELS_DIR, load_variant
+from evo_sdpa.variants import KERNELS_DIR, load_variant, with_flags
 
 ABI = {"evo_sdpa_abi_version", "evo_sdpa_forward", "evo_sdpa_error_string"}
 
 
 def v5_variant(extra_flags: tuple[str, ...] = ()):
-    variant = load_variant(KERNELS_DIR / "v5_hopper")
-    build = dict(variant.meta["build"], nvcc_flags=[*variant.meta["build"]["nvcc_flags"], *extra_flags])
-    return dataclasses.replace(variant, meta=dict(variant.meta, build=build))
+    return with_flags(load_variant(KERNELS_DIR / "v5_hopper"), list(extra_flags))
 
 
 def needs_toolchain():

@@ -58,11 +58,21 @@ struct IssueTurn {
     __device__ bool is_last() const { return group == kGroups - 1; }
 };
 
+// Programmatic dependent launch, in the split kernels only: the two instructions alone made the
+// causal kernels about 2 us slower per call in eager timing, launched without it (NOTES.md, run 22).
+// Only the two loading threads wait for the previous grid, each just before its first load: what
+// comes before (setmaxnreg, the pipelines, the tile's coordinates) reads nothing the previous grid
+// writes, and runs while it finishes; the consumers touch global memory only through what those
+// loads bring (NOTES.md, run 31).
+template <class Traits>
+constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
+
 // The Q thread (warp 1 of the producer group): loads each query tile's Q into buffer
 // tile_count % kQBuffers once the consumers have released that buffer's previous tile. With two
 // buffers that is the tile before the current one, so the next Q lands while this tile runs.
 template <class Traits, bool kCausal>
-__device__ void produce_q(typename Traits::Params const& params, typename Traits::SharedStorage& shared) {
+__device__ void produce_q(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
+                          trace::Probe probe) {
     using BarrierQ = typename Traits::BarrierQ;
     using BarrierQEmpty = typename Traits::BarrierQEmpty;
     const auto shape_qk = make_shape(params.seq_len, int(Traits::kHeadDim), params.heads, params.batch);
@@ -78,14 +88,18 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
         const auto [buffer, use] = Traits::q_slot(tile_count);
         if (use > 0) BarrierQEmpty::wait(&shared.barrier_q_empty[buffer], (use - 1) & 1);
         BarrierQ::arrive_and_expect_tx(&shared.barrier_q[buffer], Traits::kTmaBytesQ);
+        if (kPdlKernel<Traits> && tile_count == 0) evo_sm90::wait_for_previous_grid();
         copy(params.tma_q.with(shared.barrier_q[buffer]), tQg, tQs(_, buffer));
+        if (tile_count == 0) probe.mark(trace::kQIssued);
     }
 }
 
 // The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings.
 template <class Traits, bool kCausal>
 __device__ void produce_kv(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                           typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v) {
+                           typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
+                           trace::Probe probe) {
+    probe.mark(trace::kProducerStart);
     const int S = params.seq_len;
     const auto shape_qk = make_shape(S, int(Traits::kHeadDim), params.heads, params.batch);
     const auto shape_vt = make_shape(int(Traits::kHeadDim), S, params.heads, params.batch);
@@ -96,6 +110,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
 
     const TileScheduler<Traits, kCausal> scheduler{params};
     auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+    bool first_load = true;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t)) {
         const TileCoord tile = scheduler.coord(t);
         Tensor gK = local_tile(mK(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapeQK{}),
@@ -107,23 +122,26 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
 
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
+        if (t == scheduler.first()) probe.mark(trace::kKvScheduled);
         for (int n = span.end - 1; n >= span.begin; --n) {
             pipeline_k.producer_acquire(write);
+            if (first_load) {
+                probe.mark(trace::kKAcquired);
+                if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
+                probe.mark(trace::kPastWait);
+            }
             copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
             pipeline_v.producer_acquire(write);
             copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
             ++write;
+            if (first_load) probe.mark(trace::kKvIssued);
+            first_load = false;
         }
     }
     // Do not leave while a consumer may still wait on a stage this thread filled.
     pipeline_k.producer_tail(write);
     pipeline_v.producer_tail(write);
 }
-
-// Programmatic dependent launch, in the split kernels only: the two instructions alone made the
-// causal kernels about 2 us slower per call in eager timing, launched without it (NOTES.md, run 22).
-template <class Traits>
-constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
 
 // A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
 // a cluster of one, sends every release to block 0 of the cluster: in a split cluster that is
@@ -142,7 +160,8 @@ __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Trai
 template <class Traits, bool kCausal>
 __device__ void consume(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
-                        int consumer_thread) {
+                        int consumer_thread, trace::Probe probe) {
+    probe.mark(trace::kConsumerStart);
     using Element = typename Traits::Element;
     using BarrierQ = typename Traits::BarrierQ;
     using BarrierQEmpty = typename Traits::BarrierQEmpty;
@@ -183,19 +202,23 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (turn.is_last()) turn.pass();   // group 0 issues first
         const auto [q_buffer, q_use] = Traits::q_slot(tile_count);
         BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
+        if (tile_count == 0) probe.mark(trace::kQReady);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
         int n = span.end - 1;
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
+        if (tile_count == 0) probe.mark(trace::kFirstKReady);
         turn.wait();
         warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
         turn.pass();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
+        if (tile_count == 0) probe.mark(trace::kFirstS);
         release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
         if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
         softmax.template update<true>(s_rc, o_scale);
+        if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);
         auto read_v = read_k;
         ++read_k;
@@ -231,13 +254,16 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (!turn.is_last()) turn.pass();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
+        if (tile_count == 0) probe.mark(trace::kLastPv);
         release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
         if constexpr (Traits::kSplit) {
             // The next grid may start launching once every CTA has passed its key loop (earlier, its
             // CTAs would wait on SMs this grid still needs: v4_pipelined's NOTES.md, runs 6-7).
             if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
             const ClusterMerge<Traits> cluster{shared, params.key_splits};
-            if (!cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32)) return;
+            const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32);
+            if (tile_count == 0) probe.mark(trace::kMerged);
+            if (!owner) return;
         }
 
         float inv_sum[kRows];
@@ -253,6 +279,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             store_rows<Traits::kHeadDim>(o_rc, coord_o, params.o + head_offset, tile.m_block * Traits::kBlockM,
                                          params.seq_len);
         }
+        if (tile_count == 0) probe.mark(trace::kStoreIssued);
     }
     if constexpr (Traits::kTmaEpilogue) store_slab_drain(consumer_thread % cutlass::NumThreadsPerWarpGroup);
 }
@@ -277,6 +304,8 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     using Pipeline = typename Traits::Pipeline;
 
     const int warp_group = __shfl_sync(0xffffffff, threadIdx.x / cutlass::NumThreadsPerWarpGroup, 0);
+    const unsigned long long entry_ns = V5_HOPPER_TRACE ? trace::global_ns() : 0;
+    const unsigned long long entry_cycles = V5_HOPPER_TRACE ? clock64() : 0;
 
     if (threadIdx.x == 0) {
         prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
@@ -288,6 +317,9 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
             Traits::BarrierQEmpty::init(&shared.barrier_q_empty[b], Traits::kConsumerThreads);
         }
         if constexpr (Traits::kSplit) ClusterMerge<Traits>{shared, params.key_splits}.init_barriers();
+#if V5_HOPPER_TRACE
+        trace::clear(shared.trace_row);
+#endif
     }
     // Barriers first, pipeline objects later: built after setmaxnreg, inside each role's branch,
     // nothing but the kernel parameters stays live across the register reallocation (values that
@@ -299,8 +331,13 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     __syncthreads();   // every barrier initialised before anyone arrives on or waits for one
     if constexpr (Traits::kSplit) evo_sm90::cluster_arrive_relaxed();
     // Programmatic dependent launch: this grid may have started while the previous kernel on the
-    // stream was finishing; nothing is read or written in global memory before it has completed.
-    if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
+    // stream was finishing. The loading threads wait for it before their first load (kPdlKernel).
+#if V5_HOPPER_TRACE
+    const trace::Probe probe{&shared.trace_row};
+#else
+    const trace::Probe probe{};
+#endif
+    if (threadIdx.x == 0) probe.mark_at(trace::kEntry, entry_ns, entry_cycles);
 
     if (warp_group == 0) {
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
@@ -310,9 +347,9 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                 Shape<_1, _1, _1>{}, cute::false_type{});
             Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(true, true, Traits::kTmaBytesV),
                                 Shape<_1, _1, _1>{}, cute::false_type{});
-            produce_kv<Traits, kCausal>(params, shared, pipeline_k, pipeline_v);
+            produce_kv<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, probe);
         } else if (warp_in_group == 1 && cute::elect_one_sync()) {
-            produce_q<Traits, kCausal>(params, shared);
+            produce_q<Traits, kCausal>(params, shared, probe);
         }
     } else {
         cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
@@ -320,8 +357,16 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                             Shape<_1, _1, _1>{}, cute::false_type{});
         Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(false, false, Traits::kTmaBytesV),
                             Shape<_1, _1, _1>{}, cute::false_type{});
-        consume<Traits, kCausal>(params, shared, pipeline_k, pipeline_v,
-                                 int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup);
+        const int consumer_thread = int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup;
+        consume<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, consumer_thread,
+                                 consumer_thread == 0 ? probe : trace::Probe{});
+#if V5_HOPPER_TRACE
+        if (consumer_thread == 0) {
+            probe.mark(trace::kExit);
+            if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();   // before reading the counter
+            trace::finish(params.trace, shared.trace_row, Traits::kSplit ? evo_sm90::cluster_rank() : 0);
+        }
+#endif
     }
 }
 

@@ -4,6 +4,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "evo_sdpa_abi.h"
+#include "trace.cuh"
 
 namespace v5_hopper {
 
@@ -48,3 +49,31 @@ extern "C" const char* evo_sdpa_error_string(int code) {
     }
     return cudaGetErrorString(static_cast<cudaError_t>(code));
 }
+
+#if V5_HOPPER_TRACE
+// The diagnostic build's timelines (trace.cuh): one zeroed buffer per process, allocated at the
+// first traced launch; scripts/trace_v5.py copies it out and zeroes it between measurements.
+extern "C" v5_hopper::trace::Buffer* v5_hopper_trace_buffer() {
+    static v5_hopper::trace::Buffer* buffer = [] {
+        v5_hopper::trace::Buffer* b = nullptr;
+        if (cudaMalloc(&b, sizeof(*b)) != cudaSuccess || cudaMemset(b, 0, sizeof(*b)) != cudaSuccess) return
+            static_cast<v5_hopper::trace::Buffer*>(nullptr);
+        return b;
+    }();
+    return buffer;
+}
+
+extern "C" EVO_SDPA_EXPORT size_t v5_hopper_trace_bytes(void) { return sizeof(v5_hopper::trace::Buffer); }
+
+extern "C" EVO_SDPA_EXPORT int v5_hopper_trace_copy(void* host) {
+    auto* buffer = v5_hopper_trace_buffer();
+    if (buffer == nullptr) return int(cudaErrorMemoryAllocation);
+    return int(cudaMemcpy(host, buffer, sizeof(*buffer), cudaMemcpyDeviceToHost));
+}
+
+extern "C" EVO_SDPA_EXPORT int v5_hopper_trace_reset(void) {
+    auto* buffer = v5_hopper_trace_buffer();
+    if (buffer == nullptr) return int(cudaErrorMemoryAllocation);
+    return int(cudaMemset(buffer, 0, sizeof(*buffer)));
+}
+#endif

@@ -12,6 +12,8 @@
 #include <cutlass/numeric_types.h>
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
+#include "trace.cuh"
+
 namespace v5_hopper {
 
 using namespace cute;
@@ -148,6 +150,9 @@ struct KernelTraits {
         typename BarrierQEmpty::ValueType barrier_q_empty[kQBuffers];   // Q read by every consumer
         cute::array_aligned<char, kSplit ? kReceiveSlots * kWarpStateBytes : 16, 16> receive;
         uint64_t receive_barrier[kSplit ? kMostOwnedWarps : 1];           // an owned warp's slots filled
+#if V5_HOPPER_TRACE
+        trace::Row trace_row;   // the diagnostic build's probes, copied out at the CTA's end
+#endif
     };
     static constexpr int kSmemBytes = sizeof(SharedStorage);
     static_assert(kSmemBytes <= 227 * 1024,
@@ -183,6 +188,9 @@ struct KernelTraits {
         int batch;
         float scale_log2;   // softmax scale x log2(e): the softmax runs on exp2
         int key_splits;     // CTAs per cluster sharing a query tile's keys (1 unless kSplit)
+#if V5_HOPPER_TRACE
+        trace::Buffer* trace = nullptr;   // the diagnostic build's timelines (trace.cuh)
+#endif
     };
 };
 

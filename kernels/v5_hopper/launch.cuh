@@ -202,7 +202,14 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     }
     config.attrs = count > 0 ? attributes : nullptr;
     config.numAttrs = count;
+#if V5_HOPPER_TRACE
+    typename Traits::Params traced = params;
+    traced.trace = v5_hopper_trace_buffer();
+    if (traced.trace == nullptr) return int(cudaErrorMemoryAllocation);
+    const cudaError_t launched = cudaLaunchKernelEx(&config, v5_hopper_attention_fwd<Traits, kCausal>, traced);
+#else
     const cudaError_t launched = cudaLaunchKernelEx(&config, v5_hopper_attention_fwd<Traits, kCausal>, params);
+#endif
     return int(launched != cudaSuccess ? launched : cudaGetLastError());
 }
 

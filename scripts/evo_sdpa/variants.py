@@ -1,6 +1,7 @@
 """Kernel variants: one folder under kernels/ with a variant.yaml; discovery and metadata checks."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -170,3 +171,12 @@ def select(variants: dict[str, Variant], wanted) -> list[str]:
 def variant_files(variant: Variant) -> list[Path]:
     """The files whose edit must rerun the variant's chain: metadata and sources."""
     return [variant.folder / METADATA_FILE, *variant.sources]
+
+
+def with_flags(variant: Variant, flags: list[str], allow_spills: bool = False) -> Variant:
+    """The variant built with extra nvcc flags after its own (an A/B escape hatch, a diagnostic
+    build); `allow_spills` lifts the no-spill rule for exploration."""
+    build = dict(variant.meta["build"], nvcc_flags=[*variant.meta["build"]["nvcc_flags"], *flags])
+    if allow_spills:
+        build["allow_spills"] = True
+    return dataclasses.replace(variant, meta=dict(variant.meta, build=build))

@@ -1,0 +1,115 @@
+// A timeline of each CTA's call, for the launch-bound shapes (issue 8): a diagnostic build only,
+// `-DV5_HOPPER_TRACE=1` (scripts/trace_v5.py builds it and reads the timelines back; ab_sweep.py
+// --flags takes it too). Everything here compiles to nothing in the pipeline's builds.
+//
+// Each probe stamps %globaltimer (ns, one clock for the whole card, so CTAs and consecutive calls
+// line up) and clock64 (the SM's cycles, finer, for spans inside one CTA) into the CTA's shared
+// memory: a probe costs two shared stores and may run before the PDL wait. At its end one thread
+// finds the call's row from a CTA counter (every CTA of the previous calls advanced it; read past
+// the wait, it is complete) and copies the stamps there. The counter is advanced by a reduction
+// nobody waits for: a returned atomic and a fence at each CTA's end measured about a microsecond
+// longer per call, on the very span being measured.
+#pragma once
+
+#include <cstdint>
+
+#ifndef V5_HOPPER_TRACE
+#define V5_HOPPER_TRACE 0
+#endif
+
+namespace v5_hopper::trace {
+
+enum Point : int {
+    kEntry,          // thread 0, first instruction
+    kPastWait,       // the K/V producer thread, past the PDL wait (just before its first load)
+    kKvIssued,       // the K/V producer thread, its first K and V loads issued
+    kQReady,         // consumer thread 0: Q has landed
+    kFirstKReady,    // the first K stage has landed
+    kFirstS,         // the first S = Q K^T has completed
+    kFirstSoftmax,   // its softmax done
+    kLastPv,         // the last P V has completed
+    kMerged,         // past the cluster merge (owner: states folded; pusher: states pushed)
+    kStoreIssued,    // O's store issued
+    kExit,           // consumer thread 0 leaves (after the store drains)
+    kProducerStart,  // the K/V producer thread enters produce_kv (past setmaxnreg and its pipelines)
+    kKvScheduled,    // its first tile's coordinates and key share computed
+    kKAcquired,      // its first K stage acquired (an empty ring: at once)
+    kQIssued,        // the Q thread, its first Q load issued
+    kConsumerStart,  // consumer thread 0 enters consume (past setmaxnreg and its pipelines)
+    kPoints
+};
+constexpr int kSlots = 24;     // per probe row: kPoints timestamps, then the CTA's SM and cluster rank
+constexpr int kCalls = 64;     // rows are reused modulo this many calls
+constexpr int kCtas = 1024;    // CTAs past this are not recorded
+static_assert(kPoints + 1 <= kSlots, "points and the SM slot fit a row");
+
+struct Buffer {
+    unsigned long long ctas_done;   // CTAs whose row is written, since the last reset
+    unsigned long long unused;
+    unsigned long long grid[kCalls];                        // gridDim.x of each call's row
+    unsigned long long global_ns[kCalls][kCtas][kSlots];
+    unsigned long long cycles[kCalls][kCtas][kSlots];
+};
+
+// A CTA's probes in its own shared memory: the threads stamp them whenever they pass, before or
+// after the PDL wait, and one thread copies the row out at the end.
+struct Row {
+    unsigned long long ns[kSlots];
+    unsigned long long cycles[kSlots];
+};
+
+__device__ __forceinline__ unsigned long long global_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+// One recording thread's handle on its CTA's row (null: this build or thread records nothing).
+struct Probe {
+    Row* row = nullptr;
+
+    Probe() = default;
+    __device__ explicit Probe(Row* r) : row(V5_HOPPER_TRACE ? r : nullptr) {}
+    __device__ void mark_at(Point p, unsigned long long at_ns, unsigned long long at_cycles) const {
+        if (!V5_HOPPER_TRACE || row == nullptr) return;
+        row->ns[p] = at_ns;
+        row->cycles[p] = at_cycles;
+    }
+    __device__ void mark(Point p) const {
+        if (!V5_HOPPER_TRACE || row == nullptr) return;   // before the reads: they are volatile
+        mark_at(p, global_ns(), clock64());
+    }
+};
+
+// Thread 0 at entry, before the CTA's first barrier: a row of zeros (unrecorded points read 0).
+__device__ __forceinline__ void clear(Row& row) {
+    for (int i = 0; i < kSlots; ++i) row.ns[i] = row.cycles[i] = 0;
+}
+
+// One thread per CTA at its end, past the PDL wait (the previous calls' CTAs have all counted
+// themselves): the row goes to the call's place and the CTA counts itself with a reduction. The
+// other threads' stamps were made microseconds before (the loads they issued have landed); the
+// read is not ordered with them by a barrier, a liberty only this diagnostic build takes.
+__device__ __forceinline__ void finish(Buffer* b, Row const& row, int rank) {
+    if (!V5_HOPPER_TRACE || b == nullptr) return;
+    const unsigned long long done = *reinterpret_cast<volatile unsigned long long*>(&b->ctas_done);
+    const unsigned long long call = done / gridDim.x % kCalls;
+    if (blockIdx.x == 0) b->grid[call] = gridDim.x;
+    if (blockIdx.x < kCtas) {
+        for (int i = 0; i < kPoints; ++i) {
+            b->global_ns[call][blockIdx.x][i] = row.ns[i];
+            b->cycles[call][blockIdx.x][i] = row.cycles[i];
+        }
+        unsigned sm;
+        asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+        b->global_ns[call][blockIdx.x][kPoints] = (unsigned long long)sm | ((unsigned long long)rank << 32);
+    }
+    atomicAdd(&b->ctas_done, 1ull);
+}
+
+}  // namespace v5_hopper::trace
+
+// The host side: one buffer per process, allocated at the first traced launch (kernel.cu).
+#if V5_HOPPER_TRACE
+extern "C" v5_hopper::trace::Buffer* v5_hopper_trace_buffer();
+#endif

@@ -1,0 +1,111 @@
+"""Per-CTA timelines of v5_hopper's diagnostic build (kernels/v5_hopper/trace.cuh): the buffer's
+layout, and where a call's time goes."""
+from __future__ import annotations
+
+import statistics
+
+import numpy as np
+
+# trace.cuh's Point enum, in order; SLOTS, CALLS and CTAS are its kSlots, kCalls and kCtas.
+POINTS = ("entry", "past_wait", "kv_issued", "q_ready", "first_k_ready", "first_s", "first_softmax",
+          "last_pv", "merged", "store_issued", "exit", "producer_start", "kv_scheduled", "k_acquired",
+          "q_issued", "consumer_start")
+SLOTS, CALLS, CTAS = 24, 64, 1024
+# Steps ordered by program order within one thread, or by cause across two (a load lands after
+# its issue): each is non-negative. The K/V thread: entry (thread 0) to its first load; consumer
+# thread 0: from its start to its exit; the Q thread's issue to Q's landing.
+STEPS = (("entry", "producer_start"), ("producer_start", "kv_scheduled"), ("kv_scheduled", "k_acquired"),
+         ("k_acquired", "past_wait"), ("past_wait", "kv_issued"), ("kv_issued", "first_k_ready"),
+         ("q_issued", "q_ready"), ("entry", "consumer_start"), ("consumer_start", "q_ready"),
+         ("q_ready", "first_k_ready"), ("first_k_ready", "first_s"), ("first_s", "first_softmax"),
+         ("first_softmax", "last_pv"), ("last_pv", "merged"), ("merged", "store_issued"),
+         ("store_issued", "exit"))
+
+
+def buffer_bytes() -> int:
+    return 8 * (2 + CALLS + 2 * CALLS * CTAS * SLOTS)
+
+
+def parse(raw: bytes) -> dict:
+    """The buffer as arrays: calls completed, each row's grid size, and (row, CTA, slot) stamps
+    in ns (globaltimer) and SM cycles (clock64); slot len(POINTS) holds SM | rank << 32."""
+    if len(raw) != buffer_bytes():
+        raise ValueError(f"trace buffer is {len(raw)} bytes, trace.cuh's layout is {buffer_bytes()}: "
+                         "rebuild the library against this checkout")
+    words = np.frombuffer(raw, dtype=np.uint64)
+    table = words[2 + CALLS:].reshape(2, CALLS, CTAS, SLOTS)
+    grid = words[2:2 + CALLS].astype(np.int64)
+    # The kernel counts CTAs; every call since the reset had the grid of the first.
+    calls = int(words[0]) // int(grid[0]) if grid[0] > 0 else 0
+    return {"calls": calls, "grid": grid, "ns": table[0].astype(np.int64), "cycles": table[1].astype(np.int64)}
+
+
+def recent_calls(trace: dict, count: int) -> list[int]:
+    """Rows of the last `count` completed calls, oldest first (at most CALLS - 1 back)."""
+    done = trace["calls"]
+    count = min(count, done, CALLS - 1)
+    return [(done - count + i) % CALLS for i in range(count)]
+
+
+def _column(stamps: np.ndarray, point: str) -> np.ndarray:
+    return stamps[:, POINTS.index(point)]
+
+
+def summarize_call(trace: dict, row: int, previous_row: int | None) -> dict:
+    """One call: its span (first entry to last exit), the gap from the previous call's last exit
+    to this call's first CTA past the PDL wait, and each step's median and max over the CTAs that
+    recorded it (ns from globaltimer; cycles from clock64, the same SM at both ends)."""
+    ctas = min(int(trace["grid"][row]), CTAS)
+    ns, cycles = trace["ns"][row, :ctas], trace["cycles"][row, :ctas]
+    entry, exit_ = _column(ns, "entry"), _column(ns, "exit")
+    summary = {"ctas": ctas, "span_ns": int(exit_.max() - entry.min()),
+               "entry_spread_ns": int(entry.max() - entry.min()),
+               "sms": len({int(v) & 0xFFFFFFFF for v in ns[:, len(POINTS)]})}
+    if previous_row is not None:
+        previous_exit = _column(trace["ns"][previous_row, :min(int(trace["grid"][previous_row]), CTAS)], "exit").max()
+        summary["previous_exit_to_first_past_wait_ns"] = int(_column(ns, "past_wait").min() - previous_exit)
+        summary["previous_exit_to_first_entry_ns"] = int(entry.min() - previous_exit)
+        summary["period_ns"] = int(exit_.max() - previous_exit)
+    steps = {}
+    for start, end in STEPS:
+        recorded = (_column(ns, start) > 0) & (_column(ns, end) > 0)
+        if not recorded.any():
+            continue
+        d_ns = (_column(ns, end) - _column(ns, start))[recorded]
+        d_cyc = (_column(cycles, end) - _column(cycles, start))[recorded]
+        steps[f"{start}->{end}"] = {"ctas": int(recorded.sum()), "median_ns": float(np.median(d_ns)),
+                                    "min_ns": int(d_ns.min()), "max_ns": int(d_ns.max()),
+                                    "median_cycles": float(np.median(d_cyc)), "min_cycles": int(d_cyc.min()),
+                                    "max_cycles": int(d_cyc.max())}
+    summary["steps"] = steps
+    return summary
+
+
+def summarize(trace: dict, count: int) -> dict:
+    """The last `count` calls (each against the call before it), and the medians over them."""
+    rows = recent_calls(trace, count + 1)
+    calls = [summarize_call(trace, row, previous) for previous, row in zip(rows, rows[1:])]
+    if not calls:
+        raise ValueError("the trace holds fewer than two completed calls")
+    keys = ("span_ns", "period_ns", "previous_exit_to_first_past_wait_ns", "previous_exit_to_first_entry_ns",
+            "entry_spread_ns")
+    medians = {key: statistics.median(call[key] for call in calls) for key in keys}
+    medians["steps"] = {step: {"median_ns": statistics.median(c["steps"][step]["median_ns"] for c in calls),
+                               "max_ns": statistics.median(c["steps"][step]["max_ns"] for c in calls),
+                               "median_cycles": statistics.median(c["steps"][step]["median_cycles"] for c in calls)}
+                        for step in calls[-1]["steps"] if all(step in c["steps"] for c in calls)}
+    return {"calls": calls, "median": medians, "ctas": calls[-1]["ctas"], "sms": calls[-1]["sms"]}
+
+
+def render(summary: dict) -> str:
+    m = summary["median"]
+    lines = [f"{summary['ctas']} CTAs on {summary['sms']} SMs; medians over {len(summary['calls'])} calls:",
+             f"  period (last exit to last exit)     {m['period_ns'] / 1000:7.2f} us",
+             f"  span (first entry to last exit)     {m['span_ns'] / 1000:7.2f} us",
+             f"  previous last exit -> first entry   {m['previous_exit_to_first_entry_ns'] / 1000:7.2f} us",
+             f"  previous last exit -> first past PDL wait {m['previous_exit_to_first_past_wait_ns'] / 1000:7.2f} us",
+             f"  entry spread                        {m['entry_spread_ns'] / 1000:7.2f} us",
+             "  step (consumer thread 0, the K/V thread, the Q thread)   median ns   max ns   median cycles"]
+    for step, s in m["steps"].items():
+        lines.append(f"  {step:38s} {s['median_ns']:9.0f} {s['max_ns']:8.0f} {s['median_cycles']:12.0f}")
+    return "\n".join(lines)

@@ -1,0 +1,141 @@
+"""Where a v5_hopper call's time goes, CTA by CTA: replays a CUDA graph of calls (the bench's
+graph timing: input sets rotated past L2) on a diagnostic build (`-DV5_HOPPER_TRACE=1`, see
+kernels/v5_hopper/trace.cuh) and prints each step's median over the CTAs and the calls.
+
+    python3 scripts/trace_v5.py --shape 1,8,512,64 [--set split_block_m=64 ...] [--lib built.so]
+
+Without --lib it builds the traced library (tunables as --set gives them) into --build-dir.
+The probes cost a few stores per CTA, so the period is a little longer than the bench's figure
+for the same build, which the script also times (untraced builds are what the bench measures)."""
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import math
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from evo_sdpa import timeline  # noqa: E402
+from evo_sdpa.tunables import parse_assignments  # noqa: E402
+from evo_sdpa.variants import KERNELS_DIR, load_variant, with_flags  # noqa: E402
+
+TRACE_FLAG = "-DV5_HOPPER_TRACE=1"
+
+
+def build(build_dir: Path, sets: list[str]) -> Path:
+    import torch
+
+    from evo_sdpa.build import build_cuda
+
+    major, minor = torch.cuda.get_device_capability()
+    # The probes' registers may tip a kernel at its limit into a few bytes of spills: a diagnostic
+    # build allows them and says where.
+    variant = with_flags(load_variant(KERNELS_DIR / "v5_hopper"), [TRACE_FLAG], allow_spills=True)
+    verdict, resources, log = build_cuda(variant, f"{major}.{minor}", build_dir,
+                                         tunable_values=parse_assignments(sets))
+    (build_dir / "build.log").write_text(log)
+    if verdict["status"] != "pass":
+        sys.exit(f"trace_v5: the traced build failed ({build_dir / 'build.log'})")
+    for kernel in resources:
+        if kernel["spill_store_bytes"] or kernel["spill_load_bytes"]:
+            print(f"trace_v5: the traced {kernel['kernel']} spills {kernel['spill_store_bytes']} B "
+                  f"(the pipeline build gate forbids spills; this one is only for the timeline)")
+    return Path(verdict["artifact"])
+
+
+def per_call_graph_us(graphs: dict, graph_calls: int, blocks: int = 7, replays: int = 20) -> dict[str, float]:
+    """Median over alternating blocks of replays of each graph: µs per call."""
+    import statistics
+
+    import torch
+
+    for graph in graphs.values():
+        for _ in range(replays):
+            graph.replay()
+    samples: dict[str, list[float]] = {name: [] for name in graphs}
+    for _ in range(blocks):
+        for name, graph in graphs.items():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(replays):
+                graph.replay()
+            end.record()
+            end.synchronize()
+            samples[name].append(start.elapsed_time(end) * 1000 / (replays * graph_calls))
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--shape", required=True, help="B,H,S,D")
+    parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--lib", type=Path, help="a library built with -DV5_HOPPER_TRACE=1")
+    parser.add_argument("--untraced", type=Path,
+                        help="the same build without the probes: its graph is timed beside the traced one")
+    parser.add_argument("--set", action="append", default=[], metavar="TUNABLE=VALUE")
+    parser.add_argument("--build-dir", type=Path, default=Path("/tmp/evo_sdpa_trace_v5"))
+    parser.add_argument("--graph-calls", type=int, default=32)
+    parser.add_argument("--json", type=Path, help="write the per-call summaries here")
+    args = parser.parse_args()
+
+    import torch
+
+    from evo_sdpa.cuda_abi import CudaVariant
+    from evo_sdpa.inputs import make_qkv
+    from evo_sdpa.shapes import torch_dtype
+    from evo_sdpa.timing import capture_graph, input_sets_beyond_l2
+
+    lib = args.lib or build(args.build_dir, args.set)
+    forward = CudaVariant(lib)
+    for name in ("v5_hopper_trace_bytes", "v5_hopper_trace_copy", "v5_hopper_trace_reset"):
+        if not hasattr(forward.lib, name):
+            sys.exit(f"trace_v5: {lib} has no {name}: build it with {TRACE_FLAG}")
+    forward.lib.v5_hopper_trace_bytes.restype = ctypes.c_size_t
+    if forward.lib.v5_hopper_trace_bytes() != timeline.buffer_bytes():
+        sys.exit(f"trace_v5: {lib}'s trace buffer does not match scripts/evo_sdpa/timeline.py: rebuild it")
+
+    B, H, S, D = (int(x) for x in args.shape.split(","))
+    dtype = torch_dtype(args.dtype)
+    first = make_qkv(B, H, S, D, dtype, "cuda", 0)
+    n_sets = input_sets_beyond_l2(4 * first[0].numel() * first[0].element_size(), args.graph_calls)
+    sets = [first] + [make_qkv(B, H, S, D, dtype, "cuda", i) for i in range(1, n_sets)]
+    outs = [torch.empty_like(qkv[0]) for qkv in sets]
+    scale = 1 / math.sqrt(D)
+
+    def graph_of(fn):
+        def call(i: int) -> None:
+            q, k, v = sets[i][:3]
+            fn(q, k, v, outs[i], args.causal, scale)
+        return capture_graph(call, n_sets, args.graph_calls)
+
+    graphs = {"traced": graph_of(forward)}
+    if args.untraced:
+        graphs["untraced"] = graph_of(CudaVariant(args.untraced))
+    per_call_us = per_call_graph_us(graphs, args.graph_calls)
+    graph = graphs["traced"]
+
+    if forward.lib.v5_hopper_trace_reset() != 0:
+        sys.exit("trace_v5: could not reset the trace buffer")
+    graph.replay()
+    graph.replay()
+    torch.cuda.synchronize()
+    raw = ctypes.create_string_buffer(timeline.buffer_bytes())
+    if forward.lib.v5_hopper_trace_copy(raw) != 0:
+        sys.exit("trace_v5: could not copy the trace buffer")
+    trace = timeline.parse(raw.raw)
+    summary = timeline.summarize(trace, args.graph_calls - 1)
+    summary["graph_per_call_us"] = per_call_us["traced"]
+    summary["untraced_graph_per_call_us"] = per_call_us.get("untraced")
+    print(f"{args.shape} {args.dtype}{' causal' if args.causal else ''}: graph x{args.graph_calls}, "
+          f"{n_sets} input sets, " + ", ".join(f"{name} {us:.2f} us per call" for name, us in per_call_us.items()))
+    print(timeline.render(summary))
+    if args.json:
+        args.json.write_text(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()

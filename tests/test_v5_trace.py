@@ -1,0 +1,111 @@
+"""v5_hopper's diagnostic timelines (kernels/v5_hopper/trace.cuh, scripts/trace_v5.py). CPU: the
+Python reading of the buffer agrees with the header's layout, and a synthetic trace gives the
+periods and steps it was built with. GPU (an sm_90 device): a traced build of the 64-row split on
+the mission shape records every CTA of every call, each CTA's probes in program order, and a period
+that matches the graph's own timing."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from evo_sdpa import timeline
+from evo_sdpa.variants import KERNELS_DIR, REPO
+
+HEADER = (KERNELS_DIR / "v5_hopper" / "trace.cuh").read_text()
+
+
+def test_points_follow_the_header_enum():
+    body = re.search(r"enum Point : int \{(.*?)\};", HEADER, re.S).group(1)
+    names = re.findall(r"^\s*k(\w+?)(?:,|\s*//|$)", body, re.M)
+    assert names[-1] == "Points"
+    snake = [re.sub(r"(?<!^)(?=[A-Z])", "_", n).lower() for n in names[:-1]]
+    assert tuple(snake) == timeline.POINTS
+
+
+@pytest.mark.parametrize("name, value", [("kSlots", timeline.SLOTS), ("kCalls", timeline.CALLS),
+                                         ("kCtas", timeline.CTAS)])
+def test_sizes_follow_the_header(name, value):
+    assert int(re.search(rf"constexpr int {name} = (\d+);", HEADER).group(1)) == value
+
+
+def synthetic(calls: int, grid: int, period: int, step: int) -> bytes:
+    """`calls` calls of `grid` CTAs each; CTA c of call i enters at i * period + c, every point
+    `step` ns after the one before it (cycles: twice the ns)."""
+    words = np.zeros(timeline.buffer_bytes() // 8, dtype=np.uint64)
+    words[0] = calls * grid   # the kernel counts CTAs
+    words[2:2 + calls] = grid
+    table = words[2 + timeline.CALLS:].reshape(2, timeline.CALLS, timeline.CTAS, timeline.SLOTS)
+    for i in range(calls):
+        for c in range(grid):
+            for p in range(len(timeline.POINTS)):
+                table[0, i, c, p] = 10_000 + i * period + c + p * step
+                table[1, i, c, p] = 2 * (p * step)
+            table[0, i, c, len(timeline.POINTS)] = c % 7
+    return words.tobytes()
+
+
+def test_synthetic_trace_gives_its_period_and_steps():
+    grid, period, step = 40, 5_000, 100
+    summary = timeline.summarize(timeline.parse(synthetic(10, grid, period, step)), 8)
+    assert len(summary["calls"]) == 8
+    assert summary["ctas"] == grid and summary["sms"] == 7
+    median = summary["median"]
+    assert median["period_ns"] == period
+    last_exit = timeline.POINTS.index("exit") * step + grid - 1
+    assert median["span_ns"] == last_exit
+    assert median["previous_exit_to_first_entry_ns"] == period - last_exit
+    assert median["previous_exit_to_first_past_wait_ns"] == period - last_exit + step
+    first_s = median["steps"]["first_k_ready->first_s"]
+    assert first_s["median_ns"] == step and first_s["median_cycles"] == 2 * step
+    assert median["steps"]["entry->producer_start"]["median_ns"] == timeline.POINTS.index("producer_start") * step
+    assert "period (last exit to last exit)" in timeline.render(summary)
+
+
+def test_rows_wrap_around_the_ring():
+    raw = bytearray(synthetic(timeline.CALLS, 4, 1_000, 10))
+    raw[:8] = np.uint64(4 * (timeline.CALLS + 3)).tobytes()
+    trace = timeline.parse(bytes(raw))
+    assert trace["calls"] == timeline.CALLS + 3
+    assert timeline.recent_calls(trace, 5) == [62, 63, 0, 1, 2]
+
+
+def test_a_buffer_of_another_layout_is_named():
+    with pytest.raises(ValueError, match="rebuild the library"):
+        timeline.parse(b"\0" * 64)
+
+
+def test_too_few_calls_is_named():
+    with pytest.raises(ValueError, match="fewer than two"):
+        timeline.summarize(timeline.parse(synthetic(1, 4, 1_000, 10)), 8)
+
+
+@pytest.mark.gpu
+def test_traced_split_records_every_cta_in_order(tmp_path):
+    import torch
+
+    from test_v5_hopper import needs_toolchain
+
+    needs_toolchain()
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("needs an sm_90 device")
+    out = tmp_path / "trace.json"
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_v5.py"), "--shape", "1,8,512,64",
+                          "--set", "key_split=1", "--set", "split_block_m=64", "--build-dir", str(tmp_path / "build"),
+                          "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stdout + run.stderr
+    summary = json.loads(out.read_text())
+    ctas = summary["ctas"]
+    assert ctas in (128, 256)   # 64 query tiles of 64 rows, in clusters of 2 or 4
+    assert summary["sms"] >= 100
+    for call in summary["calls"]:
+        assert call["ctas"] == ctas
+        for name, step in call["steps"].items():
+            assert step["min_ns"] >= 0 and step["min_cycles"] >= 0, (name, step)
+        assert call["steps"]["consumer_start->q_ready"]["ctas"] == ctas
+    period_us = summary["median"]["period_ns"] / 1000
+    assert 0.7 * summary["graph_per_call_us"] <= period_us <= 1.3 * summary["graph_per_call_us"]
