@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evo_sdpa import timeline  # noqa: E402
+from evo_sdpa.stats import StopRule  # noqa: E402
 from evo_sdpa.tunables import parse_assignments  # noqa: E402
 from evo_sdpa.variants import KERNELS_DIR, load_variant, with_flags  # noqa: E402
 
@@ -46,26 +47,9 @@ def build(build_dir: Path, sets: list[str]) -> Path:
     return Path(verdict["artifact"])
 
 
-def per_call_graph_us(graphs: dict, graph_calls: int, blocks: int = 7, replays: int = 20) -> dict[str, float]:
-    """Median over alternating blocks of replays of each graph: µs per call."""
-    import statistics
-
-    import torch
-
-    for graph in graphs.values():
-        for _ in range(replays):
-            graph.replay()
-    samples: dict[str, list[float]] = {name: [] for name in graphs}
-    for _ in range(blocks):
-        for name, graph in graphs.items():
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(replays):
-                graph.replay()
-            end.record()
-            end.synchronize()
-            samples[name].append(start.elapsed_time(end) * 1000 / (replays * graph_calls))
-    return {name: statistics.median(values) for name, values in samples.items()}
+# The graph's per-call time, sampled as ab_sweep.py samples it (interleaved with the untraced
+# build's, until each p50 is pinned or 0.7 s have passed).
+GRAPH_RULE = StopRule(min_samples=15, min_time_ms=60, max_time_ms=700, rel_spread=0.05, p50_precision=0.01)
 
 
 def main() -> None:
@@ -87,7 +71,7 @@ def main() -> None:
     from evo_sdpa.cuda_abi import CudaVariant
     from evo_sdpa.inputs import make_qkv
     from evo_sdpa.shapes import torch_dtype
-    from evo_sdpa.timing import capture_graph, input_sets_beyond_l2
+    from evo_sdpa.timing import capture_graph, input_sets_beyond_l2, time_graph
 
     lib = args.lib or build(args.build_dir, args.set)
     forward = CudaVariant(lib)
@@ -106,17 +90,18 @@ def main() -> None:
     outs = [torch.empty_like(qkv[0]) for qkv in sets]
     scale = 1 / math.sqrt(D)
 
-    def graph_of(fn):
+    def call_of(fn):
         def call(i: int) -> None:
             q, k, v = sets[i][:3]
             fn(q, k, v, outs[i], args.causal, scale)
-        return capture_graph(call, n_sets, args.graph_calls)
+        return call
 
-    graphs = {"traced": graph_of(forward)}
+    calls = {"traced": call_of(forward)}
     if args.untraced:
-        graphs["untraced"] = graph_of(CudaVariant(args.untraced))
-    per_call_us = per_call_graph_us(graphs, args.graph_calls)
-    graph = graphs["traced"]
+        calls["untraced"] = call_of(CudaVariant(args.untraced))
+    timed = time_graph(calls, n_sets, args.graph_calls, GRAPH_RULE, warmup_ms=20)
+    per_call_us = {name: result["stats"]["p50_us"] for name, result in timed.items()}
+    graph = capture_graph(calls["traced"], n_sets, args.graph_calls)
 
     if forward.lib.v5_hopper_trace_reset() != 0:
         sys.exit("trace_v5: could not reset the trace buffer")

@@ -63,7 +63,7 @@ struct IssueTurn {
 // Only the two loading threads wait for the previous grid, each just before its first load: what
 // comes before (setmaxnreg, the pipelines, the tile's coordinates) reads nothing the previous grid
 // writes, and runs while it finishes; the consumers touch global memory only through what those
-// loads bring (NOTES.md, run 31).
+// loads bring (NOTES.md, runs 31-32).
 template <class Traits>
 constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
 
@@ -122,7 +122,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
 
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
-        if (t == scheduler.first()) probe.mark(trace::kKvScheduled);
+        if (first_load) probe.mark(trace::kKvScheduled);
         for (int n = span.end - 1; n >= span.begin; --n) {
             pipeline_k.producer_acquire(write);
             if (first_load) {

@@ -54,10 +54,12 @@ extern "C" const char* evo_sdpa_error_string(int code) {
 // The diagnostic build's timelines (trace.cuh): one zeroed buffer per process, allocated at the
 // first traced launch; scripts/trace_v5.py copies it out and zeroes it between measurements.
 extern "C" v5_hopper::trace::Buffer* v5_hopper_trace_buffer() {
-    static v5_hopper::trace::Buffer* buffer = [] {
-        v5_hopper::trace::Buffer* b = nullptr;
-        if (cudaMalloc(&b, sizeof(*b)) != cudaSuccess || cudaMemset(b, 0, sizeof(*b)) != cudaSuccess) return
-            static_cast<v5_hopper::trace::Buffer*>(nullptr);
+    using Buffer = v5_hopper::trace::Buffer;
+    static Buffer* const buffer = []() -> Buffer* {
+        Buffer* b = nullptr;
+        if (cudaMalloc(&b, sizeof(Buffer)) != cudaSuccess || cudaMemset(b, 0, sizeof(Buffer)) != cudaSuccess) {
+            return nullptr;
+        }
         return b;
     }();
     return buffer;
