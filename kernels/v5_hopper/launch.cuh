@@ -137,15 +137,15 @@ int max_active_clusters(int splits) {
     return clusters;
 }
 
-// CTAs per cluster for a grid of `tiles` query tiles of `key_tiles` key tiles each (1: no split):
-// the most of 4 and 2 that keeps the grid within the CTAs the SMs hold at once (one per SM, two
-// for 64-row D=64 split CTAs), gives every rank a key tile, and whose clusters all fit on the
-// device at once (a second wave of clusters would double the time).
+// CTAs per cluster for a grid of `tiles` query tiles whose keys come in `key_shares` shares at
+// most (1: no split): the most of 4 and 2 that keeps the grid within the CTAs the SMs hold at once
+// (one per SM, two for 64-row D=64 split CTAs), gives every rank a share, and whose clusters all
+// fit on the device at once (a second wave of clusters would double the time).
 template <class Traits, bool kCausal>
-int cluster_splits(int64_t tiles, int key_tiles) {
+int cluster_splits(int64_t tiles, int key_shares) {
     const int64_t slots = int64_t(sm_count()) * Traits::kMinBlocksPerSm;
     for (int splits = Traits::kMaxSplits; splits >= 2; splits /= 2) {
-        if (splits > key_tiles || tiles * splits > slots) continue;
+        if (splits > key_shares || tiles * splits > slots) continue;
         if (tiles <= max_active_clusters<Traits, kCausal>(splits)) return splits;
     }
     return 1;
@@ -240,10 +240,14 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
     }
     if constexpr (V5_HOPPER_KEY_SPLIT) {
         // A split CTA walks a share of one tile's keys: two stages are enough, and leave shared
-        // memory for the receive slots at D=128.
-        using SplitTraits = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, kBlockNFull, 2, true>;
+        // memory for the receive slots at D=128. Its stages may be narrower than the full kernel's
+        // (split_block_n): a share then runs as more, smaller steps. The split never gives a CTA
+        // fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key stage each cost more
+        // than 2 of one 128-key stage on (1,8,256,64), the merge being paid for less work (NOTES.md, run 34).
+        using SplitTraits = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, 2, true>;
+        constexpr int kMinShareKeys = 128;
         const int64_t tiles = int64_t((seq_len + SplitTraits::kBlockM - 1) / SplitTraits::kBlockM) * heads * batch;
-        const int splits = detail::cluster_splits<SplitTraits, false>(tiles, (seq_len + kBlockNFull - 1) / kBlockNFull);
+        const int splits = detail::cluster_splits<SplitTraits, false>(tiles, (seq_len + kMinShareKeys - 1) / kMinShareKeys);
         if (splits > 1) {
             auto params = detail::make_params<SplitTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale);
             params.key_splits = splits;

@@ -83,6 +83,10 @@
 #ifndef V5_HOPPER_SPLIT_BLOCK_M
 #error "V5_HOPPER_SPLIT_BLOCK_M undefined: the build passes it from variant.yaml (tunables.split_block_m)"
 #endif
+// keys per pipeline stage of a split CTA (both head dims)
+#ifndef V5_HOPPER_SPLIT_BLOCK_N
+#error "V5_HOPPER_SPLIT_BLOCK_N undefined: the build passes it from variant.yaml (tunables.split_block_n)"
+#endif
 // causal tile order: 0 head by head, 1 longest first across heads (non-persistent grids), 2 always,
 // 3 as 1 plus long/short pairs of one head on persistent grids (tile_order.cuh)
 #ifndef V5_HOPPER_CAUSAL_ORDER
