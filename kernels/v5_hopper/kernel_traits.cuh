@@ -157,13 +157,16 @@ struct KernelTraits {
     static constexpr int kSmemBytes = sizeof(SharedStorage);
     static_assert(kSmemBytes <= 227 * 1024,
                   "an H100 CTA has at most 227 KB of shared memory (tma_epilogue=1 and stages=3 at D=128 exceed it)");
-    // CTAs an SM holds: two 64-row split CTAs where their shared memory fits twice in the SM's
-    // 228 KB (1 KB of it reserved per CTA): at D=64, about 86 KB each; one otherwise.
-    static constexpr int kMinBlocksPerSm = kConsumerWarpGroups == 1 && 2 * (kSmemBytes + 1024) <= 228 * 1024 ? 2 : 1;
+    // CTAs an SM holds: 64-row split CTAs as many as their shared memory fits in the SM's 228 KB
+    // (1 KB of it reserved per CTA), up to split_ctas_per_sm: with 64-key stages about 54 KB each at
+    // D=64 and 106 KB at D=128, with 128-key stages 86 KB at D=64; one CTA of more warp groups.
+    static constexpr int kSmemCtasPerSm = 228 * 1024 / (kSmemBytes + 1024);
+    static constexpr int kMinBlocksPerSm =
+        kConsumerWarpGroups > 1 ? 1 : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;
     // setmaxnreg budgets: the producer only issues copies; the consumers hold S, P and O. The
     // warp groups can only trade the registers the CTA was launched with (65536 / threads / CTAs
     // per SM, in steps of 8): 168 x 384 = 64512 for two consumer groups, 128 x 512 = 65536 for
-    // three, 128 x 256 x 2 CTAs for one. Asking for more than that makes setmaxnreg.inc wait
+    // three, 128 x 256 x 2 CTAs (or 80 x 256 x 3) for one. Asking for more than that makes setmaxnreg.inc wait
     // forever (a hang seen on the H100, run 4).
     static constexpr int kLaunchRegisters = (65536 / (kThreads * kMinBlocksPerSm)) / 8 * 8;
     // The producer at 24 registers spills; at 32 it does not since Q has a thread of its own (run 18),

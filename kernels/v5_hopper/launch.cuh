@@ -51,7 +51,7 @@ cudaError_t configure_once() {
     if (bit != 0 && (configured.load(std::memory_order_acquire) & bit)) return cudaSuccess;
     status = cudaFuncSetAttribute(v5_hopper_attention_fwd<Traits, kCausal>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
-    // Two CTAs to an SM need the whole carveout as shared memory; the default is only a hint.
+    // Several CTAs to an SM need the whole carveout as shared memory; the default is only a hint.
     if (status == cudaSuccess && Traits::kMinBlocksPerSm > 1) {
         status = cudaFuncSetAttribute(v5_hopper_attention_fwd<Traits, kCausal>,
                                       cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
@@ -139,7 +139,7 @@ int max_active_clusters(int splits) {
 
 // CTAs per cluster for a grid of `tiles` query tiles whose keys come in `key_shares` shares at
 // most (1: no split): the most of 4 and 2 that keeps the grid within the CTAs the SMs hold at once
-// (one per SM, two for 64-row D=64 split CTAs), gives every rank a share, and whose clusters all
+// (one per SM, two or three for 64-row split CTAs), gives every rank a share, and whose clusters all
 // fit on the device at once (a second wave of clusters would double the time).
 template <class Traits, bool kCausal>
 int cluster_splits(int64_t tiles, int key_shares) {

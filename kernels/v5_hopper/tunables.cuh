@@ -87,6 +87,10 @@
 #ifndef V5_HOPPER_SPLIT_BLOCK_N
 #error "V5_HOPPER_SPLIT_BLOCK_N undefined: the build passes it from variant.yaml (tunables.split_block_n)"
 #endif
+// the most 64-row split CTAs an SM holds (2 or 3), where their shared memory fits
+#ifndef V5_HOPPER_SPLIT_CTAS_PER_SM
+#error "V5_HOPPER_SPLIT_CTAS_PER_SM undefined: the build passes it from variant.yaml (tunables.split_ctas_per_sm)"
+#endif
 // causal tile order: 0 head by head, 1 longest first across heads (non-persistent grids), 2 always,
 // 3 as 1 plus long/short pairs of one head on persistent grids (tile_order.cuh)
 #ifndef V5_HOPPER_CAUSAL_ORDER
