@@ -12,7 +12,8 @@
 //
 // With key_split, a small non-causal grid runs clusters of 2 or 4 CTAs per query tile, each over
 // a share of its key tiles, merged in the owner of each warp's rows (cluster_merge.cuh); with
-// split_block_m 64 those CTAs hold one consumer warp group, two to an SM at D=64.
+// split_block_m 64 those CTAs hold one consumer warp group, two to an SM (three where
+// split_ctas_per_sm allows).
 //
 // Key tiles are visited from the last (the masked ones) down to the first. With a persistent
 // grid a CTA runs several query tiles: the rings' states, the barriers and the issue rotation
