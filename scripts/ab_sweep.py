@@ -33,25 +33,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import yaml  # noqa: E402
-
 from evo_sdpa.build import build_cuda, build_triton  # noqa: E402
-from evo_sdpa.config import check_config  # noqa: E402
+from evo_sdpa.config import load_repo_config  # noqa: E402
 from evo_sdpa.errors import StageError  # noqa: E402
 from evo_sdpa.parity import build_matrix, run_case  # noqa: E402
 from evo_sdpa.runners import load_forward, sdpa_call  # noqa: E402
 from evo_sdpa.tolerance import ToleranceRule  # noqa: E402
 from evo_sdpa.tunables import changed, parse_assignments, resolve, split_define_flags  # noqa: E402
-from evo_sdpa.variants import KERNELS_DIR, REPO, Variant, load_variant, with_flags  # noqa: E402
+from evo_sdpa.variants import KERNELS_DIR, Variant, load_variant, with_flags  # noqa: E402
 
 BUILD_DIR = Path("/tmp/evo_sdpa_ab_sweep")
-# The bench stage's timing settings, shortened for a sweep of many configurations.
-SWEEP_TIMING = {"warmup_ms": 20, "min_samples": 15, "min_time_ms": 60, "max_time_ms": 700}
-
-
-def load_config() -> dict:
-    """config/config.yaml, checked as the pipeline checks it."""
-    return check_config(yaml.safe_load((REPO / "config" / "config.yaml").read_text()))
 
 
 def timing_factories(forwards: dict, shape) -> dict:
@@ -204,10 +195,10 @@ def main() -> int:
     from evo_sdpa.inputs import make_qkv
     from evo_sdpa.shapes import Shape, torch_dtype
     from evo_sdpa.stats import tflops
-    from evo_sdpa.timing import time_shape
+    from evo_sdpa.timing import sweep_timing, time_shape
 
     started = time.perf_counter()
-    config = load_config()
+    config = load_repo_config()
     rule = ToleranceRule.from_config(config["tolerance"])
     major, minor = torch.cuda.get_device_capability()
     cc = f"{major}.{minor}"
@@ -249,7 +240,7 @@ def main() -> int:
                 continue
         forwards[b["name"]] = forward
 
-    timing = dict(config["timing"], **SWEEP_TIMING)
+    timing = sweep_timing(config["timing"])
     timing_started = time.perf_counter()   # the budget is the timing's: a full parity tier must not spend it
     for dtype in args.dtypes.split(","):
         for shape_dict in config["shape_suites"][args.suite]:

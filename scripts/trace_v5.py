@@ -19,6 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evo_sdpa import timeline  # noqa: E402
+from evo_sdpa.config import load_repo_config  # noqa: E402
 from evo_sdpa.stats import StopRule  # noqa: E402
 from evo_sdpa.tunables import parse_assignments  # noqa: E402
 from evo_sdpa.variants import KERNELS_DIR, load_variant, with_flags  # noqa: E402
@@ -47,11 +48,6 @@ def build(build_dir: Path, sets: list[str]) -> Path:
     return Path(verdict["artifact"])
 
 
-# The graph's per-call time, sampled as ab_sweep.py samples it (interleaved with the untraced
-# build's, until each p50 is pinned or 0.7 s have passed).
-GRAPH_RULE = StopRule(min_samples=15, min_time_ms=60, max_time_ms=700, rel_spread=0.05, p50_precision=0.01)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--shape", required=True, help="B,H,S,D")
@@ -71,7 +67,7 @@ def main() -> None:
     from evo_sdpa.cuda_abi import CudaVariant
     from evo_sdpa.inputs import make_qkv
     from evo_sdpa.shapes import torch_dtype
-    from evo_sdpa.timing import capture_graph, input_sets_beyond_l2, time_graph
+    from evo_sdpa.timing import capture_graph, input_sets_beyond_l2, sweep_timing, time_graph
 
     lib = args.lib or build(args.build_dir, args.set)
     forward = CudaVariant(lib)
@@ -99,7 +95,9 @@ def main() -> None:
     calls = {"traced": call_of(forward)}
     if args.untraced:
         calls["untraced"] = call_of(CudaVariant(args.untraced))
-    timed = time_graph(calls, n_sets, args.graph_calls, GRAPH_RULE, warmup_ms=20)
+    # The graph's per-call time, sampled as ab_sweep.py samples it (interleaved with the untraced build's).
+    timing = sweep_timing(load_repo_config()["timing"])
+    timed = time_graph(calls, n_sets, args.graph_calls, StopRule.from_config(timing), timing["warmup_ms"])
     per_call_us = {name: result["stats"]["p50_us"] for name, result in timed.items()}
     graph = capture_graph(calls["traced"], n_sets, args.graph_calls)
 

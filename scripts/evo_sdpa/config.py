@@ -2,10 +2,17 @@
 from __future__ import annotations
 
 from .errors import StageError
-from .schema import validate
+from .schema import load_yaml, validate
 from .shapes import Shape
+from .variants import REPO
 
 CONFIG_SCHEMA = "config.schema.yaml"
+
+
+def load_repo_config() -> dict:
+    """config/config.yaml of this checkout, checked as the pipeline checks it (the tools beside
+    the pipeline read it: ab_sweep.py, trace_v5.py)."""
+    return check_config(load_yaml((REPO / "config" / "config.yaml").read_text()), "config/config.yaml")
 
 
 def check_config(config: dict, source: str = "config") -> dict:

@@ -12,6 +12,15 @@ from .stats import StopRule, percentile, summarize
 # Buffer written between timed eager calls: twice the L2, so no input survives in the cache.
 FLUSH_FACTOR = 2
 
+# The bench stage's timing bounds, shortened for a tool that times many configurations in one
+# process (ab_sweep.py, trace_v5.py); the spread and p50 precision stay the config's.
+SWEEP_TIMING = {"warmup_ms": 20, "min_samples": 15, "min_time_ms": 60, "max_time_ms": 700}
+
+
+def sweep_timing(timing: dict) -> dict:
+    """The config's `timing` section with SWEEP_TIMING's bounds."""
+    return dict(timing, **SWEEP_TIMING)
+
 
 @functools.lru_cache(maxsize=1)
 def _this_card() -> str | None:
