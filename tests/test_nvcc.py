@@ -258,7 +258,8 @@ def verdict_of(log_name: str, returncode: int, allow_warnings: bool = False, all
 
 def test_verdict_passes_clean_v1_build() -> None:
     verdict = verdict_of("ptxas_v1_sm90a.log", 0)
-    assert verdict == {"status": "pass", "reasons": [], "first_error": None, "warnings": [], "spilling_kernels": []}
+    assert verdict == {"status": "pass", "reasons": [], "first_error": None, "warnings": [], "spilling_kernels": [],
+                       "serialized_wgmma": []}
 
 
 def test_verdict_fails_on_compile_error_with_the_error_in_the_reason() -> None:
@@ -324,6 +325,29 @@ def test_verdict_fails_on_spill_warning_without_resource_counts() -> None:
     assert verdict["status"] == "fail"
     assert verdict["spilling_kernels"] == [SPILL_KERNEL]
     assert verdict["reasons"] == [spill_warning]
+
+
+# ptxas 13.0's note on v5_hopper's multicast split kernel while a CUTLASS assertion's __assertfail
+# call was left in it (kernels/v5_hopper/NOTES.md, run 39), as the build log printed it.
+SERIALIZED_KERNEL = "_ZN9v5_hopper23v5_hopper_attention_fwdINS_12KernelTraitsIN7cutlass6half_tELi64ELi64ELi64ELi2ELb1EEELb0EEEvNT_6ParamsE"
+SERIALIZED_LINE = (
+    "ptxas info    : (C7510) Potential Performance Loss: wgmma.mma_async instructions are serialized due to wgmma "
+    f"pipeline crossing function boundary at a function call in the function '{SERIALIZED_KERNEL}'"
+)
+
+
+def test_verdict_fails_on_serialized_wgmma_whatever_is_allowed() -> None:
+    log_text = SERIALIZED_LINE + "\n" + fixture_log("ptxas_v1_sm90a.log")
+    for allow in (False, True):
+        verdict = build_verdict(0, log_text, parse_ptxas_resources(log_text), allow, allow)
+        assert verdict["status"] == "fail"
+        assert verdict["serialized_wgmma"] == [SERIALIZED_KERNEL]
+        assert verdict["reasons"] == [
+            f"wgmma serialised in {SERIALIZED_KERNEL} (due to wgmma pipeline crossing function boundary at a "
+            "function call; ptxas C7510): find what ptxas names there (a call left in the kernel, an assertion's "
+            "__assertfail included) and take it out"
+        ]
+        assert verdict["warnings"] == []   # an info line, not a warning
 
 
 def test_verdict_fails_when_success_reports_no_kernels() -> None:

@@ -225,6 +225,22 @@ _SPILL_WARNING = re.compile(
 )
 
 
+# ptxas's C7510 note (an "info" line, so no warning gate sees it): a kernel whose wgmma pipeline
+# ptxas could not prove safe, e.g. across a call left in it (an assertion's __assertfail), has
+# every wgmma wait for the one before; v5_hopper's split kernels lost 1.5-2.3 us per call so
+# (kernels/v5_hopper/NOTES.md, run 39).
+_SERIALIZED_WGMMA = re.compile(
+    r"Potential Performance Loss: wgmma\.mma_async instructions are serialized (?P<why>.*?) in the function "
+    r"'(?P<name>[^']+)'"
+)
+
+
+def serialized_wgmma(log_text: str) -> list[tuple[str, str]]:
+    """(kernel, ptxas's reason) for each kernel whose wgmma instructions ptxas serialised."""
+    found = (_SERIALIZED_WGMMA.search(line) for line in log_text.splitlines())
+    return list(dict.fromkeys((match.group("name"), match.group("why")) for match in found if match))
+
+
 def _matching_lines(log_text: str, patterns: Iterable[re.Pattern[str]]) -> list[str]:
     return [line.rstrip() for line in log_text.splitlines() if any(p.search(line) for p in patterns)]
 
@@ -265,7 +281,8 @@ def build_verdict(
     """Pass or fail, with one reason line per failed check and the evidence.
 
     Fails on a nonzero exit status (the reason carries the first error), on any warning unless
-    allowed, on register spills or local memory (stack frame) unless allowed, and on a
+    allowed, on register spills or local memory (stack frame) unless allowed, on wgmma
+    instructions ptxas serialised (always: the kernel then runs, correct and slow), and on a
     successful build whose log holds no kernel resources (nothing to judge: -Xptxas -v missing).
     ptxas's own spill and local-memory warnings count under spills, not under warnings.
     """
@@ -278,6 +295,7 @@ def build_verdict(
         [record["kernel"] for record in spilling_records] + _spill_warning_kernels(warnings)
     )
 
+    serialized = serialized_wgmma(log_text)
     reasons: list[str] = []
     if returncode != 0:
         reasons.append(f"nvcc exited with status {returncode}: {error or 'no error line found in the log'}")
@@ -296,10 +314,14 @@ def build_verdict(
         for line in spill_warnings:
             if _SPILL_WARNING.search(line).group("name") not in reported:
                 reasons.append(line)
+    for name, why in serialized:
+        reasons.append(f"wgmma serialised in {name} ({why}; ptxas C7510): find what ptxas names there "
+                       "(a call left in the kernel, an assertion's __assertfail included) and take it out")
     return {
         "status": "fail" if reasons else "pass",
         "reasons": reasons,
         "first_error": error,
         "warnings": warnings,
         "spilling_kernels": spilling_kernels,
+        "serialized_wgmma": [name for name, _ in serialized],
     }
