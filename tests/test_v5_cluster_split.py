@@ -19,15 +19,12 @@ SPLIT_TRAITS = "ELi2ELb1EEE"
 
 
 # Split CTAs of 128 query rows (two consumer warp groups) and of 64 (one; two CTAs to an SM), the
-# latter with 128- and 64-key stages, with 64-key stages three to an SM at D=64, and with K and V
-# multicast to pairs of query tiles (on GRIDS' 1x8x512 and 2x3x1000, whose heads hold even counts
-# of query tiles).
+# latter with 128- and 64-key stages, and with 64-key stages three to an SM at D=64.
 @pytest.fixture(scope="module", params=[{"split_block_m": 128, "split_block_n": 128},
                                         {"split_block_m": 64, "split_block_n": 128},
                                         {"split_block_m": 64, "split_block_n": 64},
-                                        {"split_block_m": 64, "split_block_n": 64, "split_ctas_per_sm": 3},
-                                        {"split_block_m": 64, "split_block_n": 64, "split_multicast": 1}],
-                ids=["m128", "m64", "m64n64", "m64n64c3", "m64n64mc"])
+                                        {"split_block_m": 64, "split_block_n": 64, "split_ctas_per_sm": 3}],
+                ids=["m128", "m64", "m64n64", "m64n64c3"])
 def split_build(request, tmp_path_factory):
     needs_toolchain()
     verdict, resources, _ = build_cuda(v5_variant(), "9.0", tmp_path_factory.mktemp("v5_split"),
@@ -66,9 +63,6 @@ def test_split_kernels_push_through_st_async_without_a_fence(split_build):
         assert "SYNCS.ARRIVE.TRANS64" in body   # the owner's barriers expect the bytes
         assert "UCGABAR_ARV" in body and "UCGABAR_WAIT" in body   # the cluster barrier before any push
         assert "MEMBAR" not in body             # no fence: the barrier's byte count orders the pushes
-        # K and V by multicast only where asked, and then from the split kernels alone
-        assert ("UTMALDG.4D.MULTICAST" in body) == (split_build[0]["tunables"]["split_multicast"] == 1)
-    assert all("MULTICAST" not in f for f in functions if SPLIT_TRAITS not in f.split("\n", 1)[0])
 
 
 # (B, H, S) on an H100's 132 SMs: 8 heads x 4 query tiles -> clusters of 2, two key tiles each

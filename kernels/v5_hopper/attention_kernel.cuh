@@ -31,7 +31,6 @@
 #include "epilogue.cuh"
 #include "fragment_views.cuh"
 #include "kernel_traits.cuh"
-#include "kv_multicast.cuh"
 #include "mask.cuh"
 #include "online_softmax.cuh"
 #include "tile_scheduler.cuh"
@@ -96,12 +95,11 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
     }
 }
 
-// The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings. With
-// multicast it posts the bytes of every stage and issues only the loads its rank issues for its peers.
+// The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings.
 template <class Traits, bool kCausal>
 __device__ void produce_kv(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                            typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
-                           KvPeers const& peers, trace::Probe probe) {
+                           trace::Probe probe) {
     probe.mark(trace::kProducerStart);
     const int S = params.seq_len;
     const auto shape_qk = make_shape(S, int(Traits::kHeadDim), params.heads, params.batch);
@@ -131,25 +129,11 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
             if (first_load) {
                 probe.mark(trace::kKAcquired);
                 if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
-                // The peers' barriers exist before a multicast completes on them.
-                if constexpr (Traits::kMulticast) evo_sm90::cluster_wait_one_thread();
                 probe.mark(trace::kPastWait);
             }
-            if constexpr (Traits::kMulticast) {
-                if (peers.rank == peers.k_issuer()) {
-                    copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write), peers.mask()), tKg(_, n),
-                         tKs(_, write.index()));
-                }
-                pipeline_v.producer_acquire(write);
-                if (peers.rank == peers.v_issuer()) {
-                    copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write), peers.mask()), tVg(_, n),
-                         tVs(_, write.index()));
-                }
-            } else {
-                copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
-                pipeline_v.producer_acquire(write);
-                copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
-            }
+            copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
+            pipeline_v.producer_acquire(write);
+            copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
             ++write;
             if (first_load) probe.mark(trace::kKvIssued);
             first_load = false;
@@ -163,16 +147,12 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
 // A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
 // a cluster of one, sends every release to block 0 of the cluster: in a split cluster that is
 // another CTA's ring, and this CTA's producer would wait for its stages forever (a hang on the
-// H100, run 20). The arrival count is the same (every consumer thread, once per stage). With
-// multicast the stage is also released to the peer that issued it (`issuer`, this rank if none), by
-// one thread of each warp group (`signals`): the warp group's wgmma wait has covered all its reads.
+// H100, run 20). The arrival count is the same (every consumer thread, once per stage).
 template <class Traits>
 __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Traits::Pipeline::SharedStorage& ring,
-                              typename Traits::PipelineState const& state, int rank = 0, int issuer = 0,
-                              bool signals = false) {
+                              typename Traits::PipelineState const& state) {
     if constexpr (Traits::kSplit) {
         ring.empty_barrier_[state.index()].arrive();
-        if (Traits::kMulticast && issuer != rank && signals) ring.empty_barrier_[state.index()].arrive(uint32_t(issuer), 1u);
     } else {
         pipeline.consumer_release(state);
     }
@@ -181,10 +161,8 @@ __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Trai
 template <class Traits, bool kCausal>
 __device__ void consume(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
-                        int consumer_thread, KvPeers const& peers, trace::Probe probe) {
+                        int consumer_thread, trace::Probe probe) {
     probe.mark(trace::kConsumerStart);
-    const int k_issuer = peers.k_issuer(), v_issuer = peers.v_issuer();
-    const bool signals = consumer_thread % cutlass::NumThreadsPerWarpGroup == 0;
     using Element = typename Traits::Element;
     using BarrierQ = typename Traits::BarrierQ;
     using BarrierQEmpty = typename Traits::BarrierQEmpty;
@@ -238,7 +216,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         if (tile_count == 0) probe.mark(trace::kFirstS);
-        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k, peers.rank, k_issuer, signals);
+        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
         if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
         softmax.template update<true>(s_rc, o_scale);
         if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
@@ -255,12 +233,12 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             turn.pass();
             warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
             warpgroup_fence_operand(tSrS);
-            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k, peers.rank, k_issuer, signals);
+            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
             const bool rescaled = softmax.template update<false>(s_rc, o_scale);
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
-            release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v, peers.rank, v_issuer, signals);
+            release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
             // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
             if (!V5_HOPPER_LAZY_RESCALE || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
             tOrP = convert_to_a_operand<Element>(tSrS);
@@ -278,7 +256,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         if (tile_count == 0) probe.mark(trace::kLastPv);
-        release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v, peers.rank, v_issuer, signals);
+        release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
         if constexpr (Traits::kSplit) {
             // The next grid may start launching once every CTA has passed its key loop (earlier, its
             // CTAs would wait on SMs this grid still needs: v4_pipelined's NOTES.md, runs 6-7).
@@ -310,20 +288,13 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
 // The K or V ring's parameters for one role: the producer thread is the leader that posts each
 // stage's expected TMA bytes; every consumer thread releases stages (arrival count = consumers).
 template <class Traits>
-__device__ typename Traits::Pipeline::Params pipeline_params(bool producer, bool leader, uint32_t stage_bytes,
-                                                             uint32_t releasers = Traits::kConsumerThreads) {
+__device__ typename Traits::Pipeline::Params pipeline_params(bool producer, bool leader, uint32_t stage_bytes) {
     typename Traits::Pipeline::Params p;
     p.role = producer ? Traits::Pipeline::ThreadCategory::Producer : Traits::Pipeline::ThreadCategory::Consumer;
     p.is_leader = leader;
-    p.num_consumers = releasers;
+    p.num_consumers = Traits::kConsumerThreads;
     p.transaction_bytes = stage_bytes;
     return p;
-}
-
-// Read where it is used, after setmaxnreg: a value held across the register reallocation is spilled.
-template <class Traits>
-__device__ KvPeers kv_peers(typename Traits::Params const& params) {
-    return {Traits::kMulticast ? evo_sm90::cluster_rank() : 0, params.key_splits, params.kv_peers};
 }
 
 template <class Traits, bool kCausal>
@@ -355,16 +326,8 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     // nothing but the kernel parameters stays live across the register reallocation (values that
     // did were spilled to local memory around it).
     if (warp_group == 0) {
-        const KvPeers peers = kv_peers<Traits>(params);
-        constexpr uint32_t consumers = Traits::kConsumerThreads;
-        Pipeline::init_barriers(shared.pipeline_k,
-                                pipeline_params<Traits>(true, false, Traits::kTmaBytesK,
-                                                        Traits::kMulticast ? peers.template releasers<consumers, Traits::kConsumerWarpGroups>(peers.k_issuer()) : consumers),
-                                Shape<_1, _1, _1>{});
-        Pipeline::init_barriers(shared.pipeline_v,
-                                pipeline_params<Traits>(true, false, Traits::kTmaBytesV,
-                                                        Traits::kMulticast ? peers.template releasers<consumers, Traits::kConsumerWarpGroups>(peers.v_issuer()) : consumers),
-                                Shape<_1, _1, _1>{});
+        Pipeline::init_barriers(shared.pipeline_k, pipeline_params<Traits>(true, false, Traits::kTmaBytesK), Shape<_1, _1, _1>{});
+        Pipeline::init_barriers(shared.pipeline_v, pipeline_params<Traits>(true, false, Traits::kTmaBytesV), Shape<_1, _1, _1>{});
     }
     __syncthreads();   // every barrier initialised before anyone arrives on or waits for one
     if constexpr (Traits::kSplit) evo_sm90::cluster_arrive_relaxed();
@@ -381,12 +344,11 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
         const int warp_in_group = __shfl_sync(0xffffffff, (threadIdx.x / 32) % 4, 0);
         if (warp_in_group == 0 && cute::elect_one_sync()) {
-            const KvPeers peers = kv_peers<Traits>(params);
             Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
                                 Shape<_1, _1, _1>{}, cute::false_type{});
             Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(true, true, Traits::kTmaBytesV),
                                 Shape<_1, _1, _1>{}, cute::false_type{});
-            produce_kv<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, peers, probe);
+            produce_kv<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, probe);
         } else if (warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
         }
@@ -397,8 +359,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(false, false, Traits::kTmaBytesV),
                             Shape<_1, _1, _1>{}, cute::false_type{});
         const int consumer_thread = int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup;
-        const KvPeers peers = kv_peers<Traits>(params);
-        consume<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, consumer_thread, peers,
+        consume<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, consumer_thread,
                                  consumer_thread == 0 ? probe : trace::Probe{});
 #if V5_HOPPER_TRACE
         if (consumer_thread == 0) {

@@ -93,15 +93,12 @@ struct KernelTraits {
         SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
         take<0, 2>(SmemLayoutQ{}), select<0, 2>(TileShapeQK{}), _1{}));
-    // split_multicast: K and V go by multicast to the peers of a split cluster (kv_multicast.cuh).
-    static constexpr bool kMulticast = kSplit && V5_HOPPER_SPLIT_MULTICAST;
-    using TmaLoadKV = cute::conditional_t<kMulticast, SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
     using TmaK = decltype(make_tma_copy(
-        TmaLoadKV{},
+        SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
         take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}));
     using TmaV = decltype(make_tma_copy(
-        TmaLoadKV{},
+        SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideVt{}),
         take<0, 2>(SmemLayoutVt{}), select<1, 2>(TileShapePV{}), _1{}));
 
@@ -194,7 +191,6 @@ struct KernelTraits {
         int batch;
         float scale_log2;   // softmax scale x log2(e): the softmax runs on exp2
         int key_splits;     // CTAs per cluster sharing a query tile's keys (1 unless kSplit)
-        int kv_peers;       // query tiles per cluster sharing K and V by multicast (1 unless kMulticast)
 #if V5_HOPPER_TRACE
         trace::Buffer* trace = nullptr;   // the diagnostic build's timelines (trace.cuh)
 #endif

@@ -71,9 +71,9 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
     return {
         make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(q), shape_qk, stride_qk),
                       take<0, 2>(typename Traits::SmemLayoutQ{}), select<0, 2>(typename Traits::TileShapeQK{}), _1{}),
-        make_tma_copy(typename Traits::TmaLoadKV{}, make_tensor(make_gmem_ptr(k), shape_qk, stride_qk),
+        make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(k), shape_qk, stride_qk),
                       take<0, 2>(typename Traits::SmemLayoutK{}), select<1, 2>(typename Traits::TileShapeQK{}), _1{}),
-        make_tma_copy(typename Traits::TmaLoadKV{}, make_tensor(make_gmem_ptr(v), shape_vt, stride_vt),
+        make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(v), shape_vt, stride_vt),
                       take<0, 2>(typename Traits::SmemLayoutVt{}), select<1, 2>(typename Traits::TileShapePV{}), _1{}),
         make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(o)), shape_qk, stride_qk),
                       take<0, 2>(typename Traits::SmemLayoutO{}), typename Traits::SlabShapeO{}, _1{}),
@@ -82,7 +82,6 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
         heads,
         batch,
         scale * float(M_LOG2E),
-        1,
         1,
     };
 }
@@ -138,17 +137,16 @@ int max_active_clusters(int splits) {
     return clusters;
 }
 
-// Key shares per query tile for a grid of `tiles` query tiles whose keys come in `key_shares`
-// shares at most (1: no split), in clusters of that many shares x `peers` query tiles: the most of 4
-// and 2 (of 4 / peers) that keeps the grid within the CTAs the SMs hold at once (one per SM, two or
-// three for 64-row split CTAs), gives every rank a share, and whose clusters all fit on the device
-// at once (a second wave of clusters would double the time).
+// CTAs per cluster for a grid of `tiles` query tiles whose keys come in `key_shares` shares at
+// most (1: no split): the most of 4 and 2 that keeps the grid within the CTAs the SMs hold at once
+// (one per SM, two or three for 64-row split CTAs), gives every rank a share, and whose clusters all
+// fit on the device at once (a second wave of clusters would double the time).
 template <class Traits, bool kCausal>
-int cluster_splits(int64_t tiles, int key_shares, int peers) {
+int cluster_splits(int64_t tiles, int key_shares) {
     const int64_t slots = int64_t(sm_count()) * Traits::kMinBlocksPerSm;
-    for (int splits = Traits::kMaxSplits / peers; splits >= 2; splits /= 2) {
+    for (int splits = Traits::kMaxSplits; splits >= 2; splits /= 2) {
         if (splits > key_shares || tiles * splits > slots) continue;
-        if (tiles / peers <= max_active_clusters<Traits, kCausal>(splits * peers)) return splits;
+        if (tiles <= max_active_clusters<Traits, kCausal>(splits)) return splits;
     }
     return 1;
 }
@@ -196,7 +194,7 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     config.stream = stream;
     cudaLaunchAttribute attributes[2];
     unsigned count = 0;
-    if constexpr (Traits::kSplit) attributes[count++] = cluster_of(params.key_splits * params.kv_peers);
+    if constexpr (Traits::kSplit) attributes[count++] = cluster_of(params.key_splits);
     if (kPdlKernel<Traits> && use_pdl(stream)) {
         attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attributes[count].val.programmaticStreamSerializationAllowed = 1;
@@ -248,21 +246,11 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
         // than 2 of one 128-key stage on (1,8,256,64), the merge being paid for less work (NOTES.md, run 34).
         using SplitTraits = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, 2, true>;
         constexpr int kMinShareKeys = 128;
-        const int m_blocks = (seq_len + SplitTraits::kBlockM - 1) / SplitTraits::kBlockM;
-        const int64_t tiles = int64_t(m_blocks) * heads * batch;
-        const int key_shares = (seq_len + kMinShareKeys - 1) / kMinShareKeys;
-        // Multicast pairs two consecutive query tiles, which belong to one head when a head's count is even.
-        int peers = 1;
-        int splits = 1;
-        if (SplitTraits::kMulticast && m_blocks % 2 == 0) {
-            splits = detail::cluster_splits<SplitTraits, false>(tiles, key_shares, 2);
-            if (splits > 1) peers = 2;
-        }
-        if (peers == 1) splits = detail::cluster_splits<SplitTraits, false>(tiles, key_shares, 1);
+        const int64_t tiles = int64_t((seq_len + SplitTraits::kBlockM - 1) / SplitTraits::kBlockM) * heads * batch;
+        const int splits = detail::cluster_splits<SplitTraits, false>(tiles, (seq_len + kMinShareKeys - 1) / kMinShareKeys);
         if (splits > 1) {
             auto params = detail::make_params<SplitTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale);
             params.key_splits = splits;
-            params.kv_peers = peers;
             return detail::launch_traits<SplitTraits, false>(params, stream);
         }
     }

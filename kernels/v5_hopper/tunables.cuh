@@ -91,10 +91,6 @@
 #ifndef V5_HOPPER_SPLIT_CTAS_PER_SM
 #error "V5_HOPPER_SPLIT_CTAS_PER_SM undefined: the build passes it from variant.yaml (tunables.split_ctas_per_sm)"
 #endif
-// K and V multicast by TMA to the split CTAs of two query tiles that share a key share
-#ifndef V5_HOPPER_SPLIT_MULTICAST
-#error "V5_HOPPER_SPLIT_MULTICAST undefined: the build passes it from variant.yaml (tunables.split_multicast)"
-#endif
 // causal tile order: 0 head by head, 1 longest first across heads (non-persistent grids), 2 always,
 // 3 as 1 plus long/short pairs of one head on persistent grids (tile_order.cuh)
 #ifndef V5_HOPPER_CAUSAL_ORDER
