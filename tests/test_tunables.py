@@ -161,7 +161,7 @@ def test_v5_defaults_are_the_ones_tunables_cuh_held():
                             "persistent_min_waves": 3, "pingpong": 1, "tma_epilogue": 1,
                             "pingpong_full": 1, "q_buffers": 1,
                             "lazy_rescale": 0, "max_chains": 4, "max_chains_d64": 1,
-                            "sum_chains": 1, "key_split": 1, "split_block_m": 64, "split_block_n": 64, "split_ctas_per_sm": 2, "split_lookahead": 0, "split_stages": 2, "pdl": 2,
+                            "sum_chains": 1, "key_split": 1, "split_block_m": 64, "split_block_n": 64, "split_ctas_per_sm": 2, "pdl": 2,
                             "causal_order": 3}
 
 

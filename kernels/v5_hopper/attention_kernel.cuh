@@ -158,115 +158,6 @@ __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Trai
     }
 }
 
-// The key loop of a split CTA with split_lookahead: tile n-1's Q K^T is issued before tile n's
-// softmax, beside tile n+1's P V, so the softmax runs under both products and no step waits for
-// its own Q K^T's latency (about 0.2 us a step with one warp group, NOTES.md, run 44). S alternates
-// between two register buffers; the steps are unrolled in pairs so that each buffer keeps its own
-// registers, and the last step, with nothing ahead, is its own copy, so no wgmma sits under a branch.
-// Ends with tile `begin`'s P V completed and its V stage released, like the plain loop.
-template <class Traits, class Keys, class Softmax, class Scale, class FragQ, class FragK, class FragV, class AccS,
-          class AccO, class MmaQK, class MmaPV, class CoordRC, class Turn>
-__device__ void key_loop_lookahead(Keys const& keys, evo_sm90::KeyShare const& span, Softmax& softmax,
-                                   Scale& o_scale, FragQ const& tSrQ, FragK const& tSrK, FragV const& tOrV,
-                                   AccS& s_a, AccO& tOrO, MmaQK& mma_qk, MmaPV& mma_pv, CoordRC const& coord_rc,
-                                   typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
-                                   typename Traits::SharedStorage& shared, typename Traits::PipelineState& read_k,
-                                   Turn const& turn, typename Traits::BarrierQEmpty::ValueType& q_empty,
-                                   trace::Probe probe) {
-    using Element = typename Traits::Element;
-    AccS s_b = partition_fragment_C(mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));
-    Tensor o_rc = rowcol_view(tOrO);
-    Tensor tOrP = make_tensor<Element>(a_operand_layout(s_a.layout()));   // P of the latest tile
-    auto read_v = read_k;
-    auto next_k = read_k;
-    ++next_k;
-    const int first = span.end - 1;
-
-    // The first key tile's softmax on s_a.
-    auto first_softmax = [&]() {
-        warpgroup_fence_operand(s_a);
-        probe.mark(trace::kFirstS);
-        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-        Tensor s_rc = rowcol_view(s_a);
-        if (keys.needs_mask(first)) keys.apply(s_rc, coord_rc, first);
-        softmax.template update<true>(s_rc, o_scale);
-        probe.mark(trace::kFirstSoftmax);
-        tOrP = convert_to_a_operand<Element>(s_a);
-        read_v = read_k;
-        read_k = next_k;
-        ++next_k;
-    };
-    // Tile n, whose Q K^T is in flight in s_cur: issue tile n+1's P V and (kAhead) tile n-1's Q K^T
-    // into s_next, then tile n's softmax under both.
-    auto step = [&](auto ahead_tag, AccS& s_cur, AccS& s_next, int n) {
-        constexpr bool kAhead = decltype(ahead_tag)::value;
-        pipeline_v.consumer_wait(read_v);
-        if constexpr (kAhead) pipeline_k.consumer_wait(next_k);
-        turn.wait();
-        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-        if constexpr (kAhead) warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, next_k.index()), s_next);
-        turn.pass();
-        warpgroup_wait<kAhead ? 2 : 1>();   // tile n's S has landed (the oldest pending group)
-        warpgroup_fence_operand(s_cur);
-        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-        Tensor s_rc = rowcol_view(s_cur);
-        if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-        const bool rescaled = softmax.template update<false>(s_rc, o_scale);
-        warpgroup_wait<kAhead ? 1 : 0>();   // P V done; tile n-1's Q K^T may still run
-        warpgroup_fence_operand(tOrO);
-        release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-        if (!V5_HOPPER_LAZY_RESCALE || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
-        tOrP = convert_to_a_operand<Element>(s_cur);
-        read_v = read_k;
-        read_k = next_k;
-        ++next_k;
-    };
-
-    pipeline_k.consumer_wait(read_k);
-    probe.mark(trace::kFirstKReady);
-    if (first == span.begin) {   // one key tile: nothing to look ahead to
-        turn.wait();
-        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), s_a);
-        turn.pass();
-        warpgroup_wait<0>();
-        first_softmax();
-    } else {
-        // ptxas pipelines wgmma only where every path into a point leaves the same groups pending:
-        // here, at the loop's head, tile n's Q K^T in s_b; each exit is a last step, with none.
-        pipeline_k.consumer_wait(next_k);
-        turn.wait();
-        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), s_a);
-        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, next_k.index()), s_b);
-        turn.pass();
-        warpgroup_wait<1>();
-        first_softmax();
-        for (int n = first - 1;; n -= 2) {
-            if (n == span.begin) {
-                step(cute::false_type{}, s_b, s_a, n);
-                break;
-            }
-            step(cute::true_type{}, s_b, s_a, n);
-            if (n - 1 == span.begin) {
-                step(cute::false_type{}, s_a, s_b, n - 1);
-                break;
-            }
-            step(cute::true_type{}, s_a, s_b, n - 1);
-        }
-    }
-    // Every Q K^T of this query tile has completed: the producer may load the next Q.
-    Traits::BarrierQEmpty::arrive(&q_empty);
-
-    // Last P V.
-    pipeline_v.consumer_wait(read_v);
-    turn.wait();
-    warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-    if (!turn.is_last()) turn.pass();
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    probe.mark(trace::kLastPv);
-    release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-}
-
 template <class Traits, bool kCausal>
 __device__ void consume(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
@@ -315,63 +206,57 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (tile_count == 0) probe.mark(trace::kQReady);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
-        if constexpr (Traits::kLookahead) {
-            key_loop_lookahead<Traits>(keys, span, softmax, o_scale, tSrQ_tile, tSrK, tOrV, tSrS, tOrO, mma_qk,
-                                       mma_pv, coord_rc, pipeline_k, pipeline_v, shared, read_k, turn,
-                                       shared.barrier_q_empty[q_buffer], tile_count == 0 ? probe : trace::Probe{});
-        } else {
-            int n = span.end - 1;
-            // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
+        int n = span.end - 1;
+        // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
+        pipeline_k.consumer_wait(read_k);
+        if (tile_count == 0) probe.mark(trace::kFirstKReady);
+        turn.wait();
+        warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
+        turn.pass();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        if (tile_count == 0) probe.mark(trace::kFirstS);
+        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+        if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+        softmax.template update<true>(s_rc, o_scale);
+        if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
+        Tensor tOrP = convert_to_a_operand<Element>(tSrS);
+        auto read_v = read_k;
+        ++read_k;
+
+        for (--n; n >= span.begin; --n) {
             pipeline_k.consumer_wait(read_k);
-            if (tile_count == 0) probe.mark(trace::kFirstKReady);
-            turn.wait();
-            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
-            turn.pass();
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tSrS);
-            if (tile_count == 0) probe.mark(trace::kFirstS);
-            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-            softmax.template update<true>(s_rc, o_scale);
-            if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
-            Tensor tOrP = convert_to_a_operand<Element>(tSrS);
-            auto read_v = read_k;
-            ++read_k;
-
-            for (--n; n >= span.begin; --n) {
-                pipeline_k.consumer_wait(read_k);
-                pipeline_v.consumer_wait(read_v);
-                turn.wait();
-                warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
-                warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-                turn.pass();
-                warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
-                warpgroup_fence_operand(tSrS);
-                release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-                if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-                const bool rescaled = softmax.template update<false>(s_rc, o_scale);
-                warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
-                warpgroup_fence_operand(tOrO);
-                release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-                // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
-                if (!V5_HOPPER_LAZY_RESCALE || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
-                tOrP = convert_to_a_operand<Element>(tSrS);
-                read_v = read_k;
-                ++read_k;
-            }
-            // Every Q K^T of this query tile has completed: the producer may load the next Q.
-            BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
-
-            // Last P V.
             pipeline_v.consumer_wait(read_v);
             turn.wait();
+            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-            if (!turn.is_last()) turn.pass();
-            warpgroup_wait<0>();
+            turn.pass();
+            warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
+            warpgroup_fence_operand(tSrS);
+            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+            const bool rescaled = softmax.template update<false>(s_rc, o_scale);
+            warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
-            if (tile_count == 0) probe.mark(trace::kLastPv);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
+            // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
+            if (!V5_HOPPER_LAZY_RESCALE || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
+            tOrP = convert_to_a_operand<Element>(tSrS);
+            read_v = read_k;
+            ++read_k;
         }
+        // Every Q K^T of this query tile has completed: the producer may load the next Q.
+        BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
+
+        // Last P V.
+        pipeline_v.consumer_wait(read_v);
+        turn.wait();
+        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        if (!turn.is_last()) turn.pass();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (tile_count == 0) probe.mark(trace::kLastPv);
+        release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
         if constexpr (Traits::kSplit) {
             // The next grid may start launching once every CTA has passed its key loop (earlier, its
             // CTAs would wait on SMs this grid still needs: v4_pipelined's NOTES.md, runs 6-7).

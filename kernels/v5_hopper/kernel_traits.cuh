@@ -30,8 +30,6 @@ struct KernelTraits {
     static constexpr int kBlockN = kBlockN_;          // keys per pipeline stage
     static constexpr int kStages = kStages_;
     static constexpr bool kSplit = kSplit_;
-    // A split CTA issues the next key tile's Q K^T before this one's softmax (split_lookahead).
-    static constexpr bool kLookahead = kSplit && V5_HOPPER_SPLIT_LOOKAHEAD;
     static constexpr int kConsumerWarpGroups = kBlockM / 64;
     static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
     static constexpr int kThreads = kConsumerThreads + cutlass::NumThreadsPerWarpGroup;  // + the producer

@@ -239,14 +239,12 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
             detail::make_params<CausalTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
     }
     if constexpr (V5_HOPPER_KEY_SPLIT) {
-        // A split CTA walks a share of one tile's keys in split_stages stages: two leave shared
-        // memory for the receive slots and a second CTA per SM at D=128; the lookahead's second
-        // S wants a third, or its next K waits for the tile before to be released. Its stages may be narrower than the full kernel's
+        // A split CTA walks a share of one tile's keys: two stages are enough, and leave shared
+        // memory for the receive slots at D=128. Its stages may be narrower than the full kernel's
         // (split_block_n): a share then runs as more, smaller steps. The split never gives a CTA
         // fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key stage each cost more
         // than 2 of one 128-key stage on (1,8,256,64), the merge being paid for less work (NOTES.md, run 34).
-        using SplitTraits = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N,
-                                         V5_HOPPER_SPLIT_STAGES, true>;
+        using SplitTraits = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, 2, true>;
         constexpr int kMinShareKeys = 128;
         const int64_t tiles = int64_t((seq_len + SplitTraits::kBlockM - 1) / SplitTraits::kBlockM) * heads * batch;
         const int splits = detail::cluster_splits<SplitTraits, false>(tiles, (seq_len + kMinShareKeys - 1) / kMinShareKeys);

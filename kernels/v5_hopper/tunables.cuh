@@ -96,14 +96,6 @@
 #ifndef V5_HOPPER_CAUSAL_ORDER
 #error "V5_HOPPER_CAUSAL_ORDER undefined: the build passes it from variant.yaml (tunables.causal_order)"
 #endif
-// a split CTA issues the next key tile's Q K^T before this one's softmax
-#ifndef V5_HOPPER_SPLIT_LOOKAHEAD
-#error "V5_HOPPER_SPLIT_LOOKAHEAD undefined: the build passes it from variant.yaml (tunables.split_lookahead)"
-#endif
-// K and V ring depth of a split CTA
-#ifndef V5_HOPPER_SPLIT_STAGES
-#error "V5_HOPPER_SPLIT_STAGES undefined: the build passes it from variant.yaml (tunables.split_stages)"
-#endif
 // launch with programmatic dependent launch
 #ifndef V5_HOPPER_PDL
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
