@@ -158,17 +158,6 @@ __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Trai
     }
 }
 
-#ifndef V5_DEV_PIN
-#define V5_DEV_PIN 0
-#endif
-// ptxas schedules a wgmma wait as early as its basic block allows: the P V wait after a tile's
-// softmax lands after the softmax's first FMNMX (NOTES.md, run 17). A branch on the softmax's last
-// result ends the block there, so the wait follows the whole softmax; the branch is never taken
-// for a finite sum, and taking it would only sleep.
-__device__ __forceinline__ void end_block_after(float last) {
-    if (__float_as_uint(last) == 0xffffffffu) __nanosleep(1);
-}
-
 template <class Traits, bool kCausal>
 __device__ void consume(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
@@ -247,9 +236,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
             const bool rescaled = softmax.template update<false>(s_rc, o_scale);
-#if V5_DEV_PIN
-            if constexpr (Traits::kSplit) end_block_after(softmax.row_sum[kRows - 1]);
-#endif
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
