@@ -345,9 +345,30 @@ def test_verdict_fails_on_serialized_wgmma_whatever_is_allowed() -> None:
         assert verdict["reasons"] == [
             f"wgmma serialised in {SERIALIZED_KERNEL} (due to wgmma pipeline crossing function boundary at a "
             "function call; ptxas C7510): find what ptxas names there (a call left in the kernel, an assertion's "
-            "__assertfail included) and take it out"
+            "__assertfail included, or a wgmma accumulator touched before its wait, or paths joining with "
+            "different wgmma groups pending) and take it out"
         ]
         assert verdict["warnings"] == []   # an info line, not a warning
+
+
+# ptxas 13.0's other serialisation note, on a look-ahead split kernel whose paths joined with
+# different wgmma groups pending (kernels/v5_hopper/NOTES.md, run 44), as the build log printed it.
+ACCUMULATOR_LINE = (
+    "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non "
+    "wgmma instructions reading accumulator registers of  a wgmma between start and end of the pipeline stage "
+    f"in the function '{SERIALIZED_KERNEL}'"
+)
+
+
+def test_verdict_names_the_code_ptxas_printed() -> None:
+    log_text = ACCUMULATOR_LINE + "\n" + fixture_log("ptxas_v1_sm90a.log")
+    verdict = build_verdict(0, log_text, parse_ptxas_resources(log_text), True, True)
+    assert verdict["status"] == "fail"
+    assert verdict["serialized_wgmma"] == [SERIALIZED_KERNEL]
+    assert len(verdict["reasons"]) == 1
+    assert verdict["reasons"][0].startswith(
+        f"wgmma serialised in {SERIALIZED_KERNEL} (due to non wgmma instructions reading accumulator registers of "
+        "a wgmma between start and end of the pipeline stage; ptxas C7514): ")
 
 
 def test_verdict_fails_when_success_reports_no_kernels() -> None:

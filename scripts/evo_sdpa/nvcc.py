@@ -225,20 +225,22 @@ _SPILL_WARNING = re.compile(
 )
 
 
-# ptxas's C7510 note (an "info" line, so no warning gate sees it): a kernel whose wgmma pipeline
-# ptxas could not prove safe, e.g. across a call left in it (an assertion's __assertfail), has
-# every wgmma wait for the one before; v5_hopper's split kernels lost 1.5-2.3 us per call so
-# (kernels/v5_hopper/NOTES.md, run 39).
+# ptxas's serialisation notes ("info" lines, so no warning gate sees them): a kernel whose wgmma
+# pipeline ptxas could not prove safe has every wgmma wait for the one before. C7510: across a call
+# left in it (an assertion's __assertfail; v5_hopper's split kernels lost 1.5-2.3 us per call so,
+# kernels/v5_hopper/NOTES.md, run 39); C7514: an accumulator read while its wgmma may be in flight
+# (run 44). Matched on the message, whatever the code.
 _SERIALIZED_WGMMA = re.compile(
-    r"Potential Performance Loss: wgmma\.mma_async instructions are serialized (?P<why>.*?) in the function "
-    r"'(?P<name>[^']+)'"
+    r"(?:\((?P<code>C\d+)\) )?Potential Performance Loss: wgmma\.mma_async instructions are serialized "
+    r"(?P<why>.*?) in the function '(?P<name>[^']+)'"
 )
 
 
-def serialized_wgmma(log_text: str) -> list[tuple[str, str]]:
-    """(kernel, ptxas's reason) for each kernel whose wgmma instructions ptxas serialised."""
+def serialized_wgmma(log_text: str) -> list[tuple[str, str, str]]:
+    """(kernel, ptxas's reason, its note code) for each kernel whose wgmma instructions ptxas serialised."""
     found = (_SERIALIZED_WGMMA.search(line) for line in log_text.splitlines())
-    return list(dict.fromkeys((match.group("name"), match.group("why")) for match in found if match))
+    return list(dict.fromkeys((match.group("name"), " ".join(match.group("why").split()), match.group("code") or "note")
+                              for match in found if match))
 
 
 def _matching_lines(log_text: str, patterns: Iterable[re.Pattern[str]]) -> list[str]:
@@ -314,14 +316,16 @@ def build_verdict(
         for line in spill_warnings:
             if _SPILL_WARNING.search(line).group("name") not in reported:
                 reasons.append(line)
-    for name, why in serialized:
-        reasons.append(f"wgmma serialised in {name} ({why}; ptxas C7510): find what ptxas names there "
-                       "(a call left in the kernel, an assertion's __assertfail included) and take it out")
+    for name, why, code in serialized:
+        reasons.append(f"wgmma serialised in {name} ({why}; ptxas {code}): find what ptxas names there "
+                       "(a call left in the kernel, an assertion's __assertfail included, or a wgmma "
+                       "accumulator touched before its wait, or paths joining with different wgmma "
+                       "groups pending) and take it out")
     return {
         "status": "fail" if reasons else "pass",
         "reasons": reasons,
         "first_error": error,
         "warnings": warnings,
         "spilling_kernels": spilling_kernels,
-        "serialized_wgmma": [name for name, _ in serialized],
+        "serialized_wgmma": [name for name, _, _ in serialized],
     }
