@@ -328,6 +328,8 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         trace::clear(shared.trace_row);
 #endif
     }
+    const unsigned long long init_ns = V5_HOPPER_TRACE ? trace::global_ns() : 0;
+    const unsigned long long init_cycles = V5_HOPPER_TRACE ? clock64() : 0;
     // Barriers first, pipeline objects later: built after setmaxnreg, inside each role's branch,
     // nothing but the kernel parameters stays live across the register reallocation (values that
     // did were spilled to local memory around it).
@@ -337,6 +339,8 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     }
     __syncthreads();   // every barrier initialised before anyone arrives on or waits for one
     if constexpr (Traits::kSplit) evo_sm90::cluster_arrive_relaxed();
+    const unsigned long long synced_ns = V5_HOPPER_TRACE ? trace::global_ns() : 0;
+    const unsigned long long synced_cycles = V5_HOPPER_TRACE ? clock64() : 0;
     // Programmatic dependent launch: this grid may have started while the previous kernel on the
     // stream was finishing. The loading threads wait for it before their first load (kPdlKernel).
 #if V5_HOPPER_TRACE
@@ -344,7 +348,11 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
 #else
     const trace::Probe probe{};
 #endif
-    if (threadIdx.x == 0) probe.mark_at(trace::kEntry, entry_ns, entry_cycles);
+    if (threadIdx.x == 0) {
+        probe.mark_at(trace::kEntry, entry_ns, entry_cycles);
+        probe.mark_at(trace::kInitDone, init_ns, init_cycles);
+        probe.mark_at(trace::kSynced, synced_ns, synced_cycles);
+    }
 
     if (warp_group == 0) {
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();

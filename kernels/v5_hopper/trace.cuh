@@ -36,6 +36,8 @@ enum Point : int {
     kKAcquired,      // its first K stage acquired (an empty ring: at once)
     kQIssued,        // the Q thread, its first Q load issued
     kConsumerStart,  // consumer thread 0 enters consume (past setmaxnreg and its pipelines)
+    kInitDone,       // thread 0, its barriers initialised (before the CTA's first __syncthreads)
+    kSynced,         // thread 0, past that __syncthreads (and the cluster arrive)
     kPoints
 };
 constexpr int kSlots = 24;     // per probe row: kPoints timestamps, then the CTA's SM and cluster rank

@@ -9,7 +9,7 @@ import numpy as np
 # trace.cuh's Point enum, in order; SLOTS, CALLS and CTAS are its kSlots, kCalls and kCtas.
 POINTS = ("entry", "past_wait", "kv_issued", "q_ready", "first_k_ready", "first_s", "first_softmax",
           "last_pv", "merged", "store_issued", "exit", "producer_start", "kv_scheduled", "k_acquired",
-          "q_issued", "consumer_start")
+          "q_issued", "consumer_start", "init_done", "synced")
 SLOTS, CALLS, CTAS = 24, 64, 1024
 # Steps ordered by program order within one thread, or by cause across two (a load lands after
 # its issue): each is non-negative. The K/V thread: entry (thread 0) to its first load; consumer
@@ -19,7 +19,10 @@ STEPS = (("entry", "producer_start"), ("producer_start", "kv_scheduled"), ("kv_s
          ("q_issued", "q_ready"), ("entry", "consumer_start"), ("consumer_start", "q_ready"),
          ("q_ready", "first_k_ready"), ("first_k_ready", "first_s"), ("first_s", "first_softmax"),
          ("first_softmax", "last_pv"), ("last_pv", "merged"), ("merged", "store_issued"),
-         ("store_issued", "exit"))
+         ("store_issued", "exit"),
+         # The prologue, finer: thread 0's barrier set-up, the CTA's first barrier, then each role's
+         # register reallocation and pipeline objects.
+         ("entry", "init_done"), ("init_done", "synced"), ("synced", "producer_start"), ("synced", "consumer_start"))
 
 
 def buffer_bytes() -> int:
