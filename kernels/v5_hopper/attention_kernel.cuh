@@ -197,15 +197,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
-        // The register epilogue's destination, from the tile's coordinates while they are at hand:
-        // computed after the merge, their integer divisions sat on the owner's path to its stores.
-        [[maybe_unused]] Element* o_tile = nullptr;
-        [[maybe_unused]] int o_rows = 0;
-        if constexpr (!Traits::kTmaEpilogue) {
-            const int row0 = tile.m_block * Traits::kBlockM;
-            o_tile = params.o + ((int64_t(tile.batch) * params.heads + tile.head) * params.seq_len + row0) * Traits::kHeadDim;
-            o_rows = params.seq_len - row0;
-        }
         OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
@@ -284,7 +275,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
                                    consumer_thread % cutlass::NumThreadsPerWarpGroup);
         } else {
             Tensor coord_o = rowcol_view(thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{}))));
-            store_rows<Traits::kHeadDim>(o_rc, coord_o, o_tile, o_rows);
+            const int row0 = tile.m_block * Traits::kBlockM;
+            Element* o_tile =
+                params.o + ((int64_t(tile.batch) * params.heads + tile.head) * params.seq_len + row0) * Traits::kHeadDim;
+            store_rows<Traits::kHeadDim>(o_rc, coord_o, o_tile, params.seq_len - row0);
         }
         if (tile_count == 0) probe.mark(trace::kStoreIssued);
     }
@@ -323,7 +317,9 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
             Traits::BarrierQ::init(&shared.barrier_q[b], 1);
             Traits::BarrierQEmpty::init(&shared.barrier_q_empty[b], Traits::kConsumerThreads);
         }
-        if constexpr (Traits::kSplit) ClusterMerge<Traits>{shared, params.key_splits}.init_barriers();
+        // A split kernel's clusters are key_splits CTAs: the special register spares thread 0 a
+        // load from the kernel's parameters at launch (a constant-cache miss) and the division after it.
+        if constexpr (Traits::kSplit) ClusterMerge<Traits>{shared, evo_sm90::cluster_size()}.init_barriers();
 #if V5_HOPPER_TRACE
         trace::clear(shared.trace_row);
 #endif
