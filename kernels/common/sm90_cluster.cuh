@@ -41,13 +41,6 @@ __device__ __forceinline__ int cluster_size() {
     return static_cast<int>(size);
 }
 
-// The cluster's index along x in the grid (a special register: no load, no division).
-__device__ __forceinline__ int cluster_index_x() {
-    uint32_t index;
-    asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(index));
-    return static_cast<int>(index);
-}
-
 // The shared::cluster address of `local_smem` (a shared::cta address) in CTA `rank`.
 __device__ __forceinline__ uint32_t map_to_rank(uint32_t local_smem, int rank) {
     uint32_t remote;

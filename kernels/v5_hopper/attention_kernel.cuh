@@ -275,10 +275,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
                                    consumer_thread % cutlass::NumThreadsPerWarpGroup);
         } else {
             Tensor coord_o = rowcol_view(thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{}))));
-            const int row0 = tile.m_block * Traits::kBlockM;
-            Element* o_tile =
-                params.o + ((int64_t(tile.batch) * params.heads + tile.head) * params.seq_len + row0) * Traits::kHeadDim;
-            store_rows<Traits::kHeadDim>(o_rc, coord_o, o_tile, params.seq_len - row0);
+            const int64_t head_offset =
+                (int64_t(tile.batch) * params.heads + tile.head) * params.seq_len * Traits::kHeadDim;
+            store_rows<Traits::kHeadDim>(o_rc, coord_o, params.o + head_offset, tile.m_block * Traits::kBlockM,
+                                         params.seq_len);
         }
         if (tile_count == 0) probe.mark(trace::kStoreIssued);
     }
@@ -317,9 +317,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
             Traits::BarrierQ::init(&shared.barrier_q[b], 1);
             Traits::BarrierQEmpty::init(&shared.barrier_q_empty[b], Traits::kConsumerThreads);
         }
-        // A split kernel's clusters are key_splits CTAs: the special register spares thread 0 a
-        // load from the kernel's parameters at launch (a constant-cache miss) and the division after it.
-        if constexpr (Traits::kSplit) ClusterMerge<Traits>{shared, evo_sm90::cluster_size()}.init_barriers();
+        if constexpr (Traits::kSplit) ClusterMerge<Traits>{shared, params.key_splits}.init_barriers();
 #if V5_HOPPER_TRACE
         trace::clear(shared.trace_row);
 #endif

@@ -23,7 +23,7 @@ struct TileScheduler {
         return {m_blocks(), params.heads * params.batch, int(gridDim.x), Traits::kCausalOrder, kCausal};
     }
     __device__ int first() const {
-        return Traits::kSplit ? evo_sm90::cluster_index_x() : order().first(int(blockIdx.x));
+        return Traits::kSplit ? int(blockIdx.x) / params.key_splits : order().first(int(blockIdx.x));
     }
     __device__ int next(int tile) const { return Traits::kSplit ? INT_MAX : order().next(tile); }
     __device__ bool valid(int tile) const { return order().valid(tile); }
@@ -33,7 +33,7 @@ struct TileScheduler {
     template <class KeyTiles>
     __device__ evo_sm90::KeyShare key_span(KeyTiles const& keys) const {
         if constexpr (Traits::kSplit) {
-            return evo_sm90::key_share(keys.end(), evo_sm90::cluster_rank(), evo_sm90::cluster_size());
+            return evo_sm90::key_share(keys.end(), evo_sm90::cluster_rank(), params.key_splits);
         } else {
             return {0, keys.end()};
         }
