@@ -17,6 +17,12 @@ process with the bench stage's timing code. Every ratio comes from one run on on
     python3 scripts/ab_sweep.py --variant v4_pipelined --compare v3_mma --out $OUT/sweep.json --dtypes fp16 \\
         --only causal --config default --config stages2 --set stages=2
 
+`--replica NAME` times a second copy of NAME's library (a copied file, loaded as a module of its
+own) beside it under NAME.copy, and every timed row prints the copy's p50 less the original's: the
+sweep's own resolution, measured where the comparison is. Two identical v5 libraries have differed
+by up to 0.4 us per call on a 5 us graph-replayed shape (v5_hopper NOTES.md, run 48), more than
+most of the differences a sweep is asked to decide.
+
 Each --set and --flags applies to the --config named before it. Builds land in
 /tmp/evo_sdpa_ab_sweep/<variant>/<config>/ (a --compare variant's in <variant>/default/), where
 scripts/ab_profile.py --sweep-dir finds them for Nsight Compute.
@@ -26,7 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import shutil
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -148,6 +156,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--graph-sets", type=int, default=None, metavar="N",
                         help="graph-timed shapes rotate N input sets instead of enough to exceed L2 "
                              "(1 keeps the inputs in L2: how much of a call is DRAM latency)")
+    parser.add_argument("--replica", action="append", default=[], metavar="NAME",
+                        help="also time a copy of NAME's library (loaded on its own, as NAME.copy): each row "
+                             "then gives copy - original, the sweep's resolution (repeatable)")
     parser.add_argument("--budget-s", type=float, default=240.0, help="stop timing new shapes once timing has taken this long (builds and parity not counted)")
     return parser
 
@@ -163,6 +174,53 @@ def compared_variants(variant: Variant, names: list[str]) -> list[Variant]:
             raise StageError(f"--compare {name}: a {other.kind} variant; only CUDA variants are built here")
         others.append(other)
     return others
+
+
+def replica_name(name: str) -> str:
+    return f"{name}.copy"
+
+
+def check_replicas(replicas: list[str], names: list[str], kind: str, config_names: list[str]) -> None:
+    """Each --replica names a CUDA library of this sweep, once: a configuration of a CUDA variant,
+    a compared variant or an artifact (a Triton configuration is a Python module: it has no file to
+    load twice)."""
+    for name in replicas:
+        if name not in names:
+            raise StageError(f"--replica {name}: no configuration, compared variant or artifact of that name "
+                             f"(names: {', '.join(names) or 'none'})")
+        if kind != "cuda" and name in config_names:
+            raise StageError(f"--replica {name}: a {kind} configuration; only a CUDA library can be loaded twice")
+    twice = sorted({name for name in replicas if replicas.count(name) > 1})
+    if twice:
+        raise StageError(f"--replica {twice[0]} given twice: one copy each")
+
+
+def copy_library(path: str, name: str) -> str:
+    """A copy of the library at `path` in a folder of its own under BUILD_DIR/replicas: a second
+    dlopen of the same path would return the module already loaded."""
+    folder = BUILD_DIR / "replicas"
+    folder.mkdir(parents=True, exist_ok=True)
+    copy = Path(tempfile.mkdtemp(prefix=f"{name}-", dir=folder)) / Path(path).name
+    shutil.copy2(path, copy)
+    return str(copy)
+
+
+def replica_deltas(p50_us: dict[str, float], replicas: list[str]) -> dict[str, float]:
+    """For each replicated name timed in this row: the copy's p50 less the original's, in us."""
+    return {name: p50_us[replica_name(name)] - p50_us[name] for name in replicas
+            if name in p50_us and replica_name(name) in p50_us}
+
+
+def resolution(timings: list[dict]) -> dict[str, dict]:
+    """Per timing mode, the largest |copy - original| over the sweep's rows, with its row."""
+    worst: dict[str, dict] = {}
+    for row in timings:
+        for name, delta in row.get("replica_delta_us", {}).items():
+            relative = abs(delta) / row["p50_us"][name]
+            if relative > worst.get(row["mode"], {}).get("relative", -1.0):
+                worst[row["mode"]] = {"name": name, "shape": row["shape"], "dtype": row["dtype"],
+                                      "delta_us": delta, "relative": relative}
+    return worst
 
 
 def check_names(names: list[str]) -> None:
@@ -184,8 +242,10 @@ def main() -> int:
         raise StageError(f"--artifact: {variant.name} is a {variant.kind} variant; prebuilt libraries are CUDA's")
     # (variant, name, overrides, flags); a compared variant builds its defaults under <its name>/default
     jobs = [(variant, spec["name"], *overrides_of(variant, spec)) for spec in getattr(args, "configs", None) or []]
-    check_names([job[1] for job in jobs] + [other.name for other in others]
-                + [spec.split("=", 1)[0] for spec in args.artifact])
+    names = ([job[1] for job in jobs] + [other.name for other in others]
+             + [spec.split("=", 1)[0] for spec in args.artifact])
+    check_names(names + [replica_name(name) for name in args.replica])
+    check_replicas(args.replica, names, variant.kind, [job[1] for job in jobs])
     jobs += [(other, "default", {}, []) for other in others]
 
     import torch
@@ -239,6 +299,15 @@ def main() -> int:
             if result["failed"]:
                 continue
         forwards[b["name"]] = forward
+    for name in args.replica:
+        if name not in forwards:
+            print(f"{replica_name(name):>14}: not timed ({name} did not pass its build or parity)")
+            continue
+        build = next(b for b in builds if b["name"] == name)
+        copy = copy_library(build["verdict"]["artifact"], name)
+        forwards[replica_name(name)] = CudaVariant(copy)
+        owners[replica_name(name)] = owners[name]
+        print(f"{replica_name(name):>14}: a copy of {name}'s library, {copy}")
 
     timing = sweep_timing(config["timing"])
     timing_started = time.perf_counter()   # the budget is the timing's: a full parity tier must not spend it
@@ -266,6 +335,11 @@ def main() -> int:
                                   for n, us in row["p50_us"].items() if n != "sdpa")
                 print(f"{shape.label:>26} {dtype} {row['mode']:>9}: sdpa {sdpa_us:8.2f} us "
                       f"{row['tflops']['sdpa']:5.0f} TF/s | {cells}")
+                deltas = replica_deltas(row["p50_us"], args.replica)
+                if deltas:
+                    row["replica_delta_us"] = deltas
+                    print(f"{'':>26} copy - original: " + "  ".join(
+                        f"{n} {d:+.2f} us ({d / row['p50_us'][n]:+.1%})" for n, d in deltas.items()))
             if shape.flops <= args.recheck_max_gflop * 1e9:
                 # recheck() refills q, k, v with fresh values and re-poisons out for each forward
                 q, k, v = make_qkv(shape.B, shape.H, shape.S, shape.D, torch_dtype(dtype), "cuda", 0)
@@ -275,6 +349,12 @@ def main() -> int:
                     report["timings"][-1].setdefault("recheck", {})[name] = check
                     print(f"{'':>26} recheck {name}: {check['status']} max_abs {check['max_abs']:.3g} "
                           f"(bound {check['bound']:.3g})")
+    if args.replica:
+        report["resolution"] = resolution(report["timings"])
+        for mode, worst in report["resolution"].items():
+            print(f"resolution ({mode}): copies of one library differed by up to {abs(worst['delta_us']):.2f} us "
+                  f"({worst['relative']:.1%}, {worst['name']} on {worst['shape']} {worst['dtype']}); "
+                  f"a difference between builds below that is not shown by this sweep")
     Path(args.out).write_text(json.dumps(report, indent=1, default=str))
     print(f"sweep done in {time.perf_counter() - started:.0f} s")
     return 0

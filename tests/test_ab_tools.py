@@ -175,6 +175,64 @@ def test_ab_sweep_names_must_differ():
         module.check_names(["default", "v3_mma", "v3_mma"])
 
 
+# ---------------------------------------------------------------- ab_sweep.py: --replica
+
+
+def test_ab_sweep_replicas_name_cuda_libraries_of_the_sweep():
+    module = load_script("ab_sweep")
+    names = ["default", "s3", "v3_mma", "old"]
+    module.check_replicas(["default", "old"], names, "cuda", ["default", "s3"])
+    with pytest.raises(StageError, match="--replica nope: no configuration, compared variant or artifact"):
+        module.check_replicas(["nope"], names, "cuda", ["default", "s3"])
+    with pytest.raises(StageError, match="--replica default: a triton configuration"):
+        module.check_replicas(["default"], names, "triton", ["default", "s3"])
+    module.check_replicas(["v3_mma"], names, "triton", ["default", "s3"])   # a compared CUDA variant
+    with pytest.raises(StageError, match="--replica old given twice"):
+        module.check_replicas(["old", "old"], names, "cuda", [])
+    with pytest.raises(StageError, match="two configurations named 'old.copy'"):
+        module.check_names(names + ["old.copy"] + [module.replica_name("old")])
+
+
+def test_ab_sweep_unknown_replica_stops_before_any_build(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "ab_sweep.py"), "--variant", "v4_pipelined",
+                           "--out", str(tmp_path / "x.json"), "--config", "default", "--replica", "deflt"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert proc.stderr.strip().splitlines()[-1].endswith("--replica deflt: no configuration, compared variant "
+                                                          "or artifact of that name (names: default)")
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_ab_sweep_replica_is_a_separate_file_with_the_same_bytes(tmp_path, monkeypatch):
+    module = load_script("ab_sweep")
+    monkeypatch.setattr(module, "BUILD_DIR", tmp_path / "sweep")
+    library = touch(tmp_path / "built" / "libv5_hopper.so")
+    first, second = module.copy_library(str(library), "def"), module.copy_library(str(library), "def")
+    assert first != second != str(library)
+    for copy in (first, second):
+        assert Path(copy).name == "libv5_hopper.so" and Path(copy).read_bytes() == library.read_bytes()
+        assert Path(copy).parent.parent == tmp_path / "sweep" / "replicas"
+
+
+def test_ab_sweep_replica_deltas_and_the_sweeps_resolution():
+    module = load_script("ab_sweep")
+    rows = [{"shape": "B1_H8_S512_D64_full", "dtype": "fp16", "mode": "graph x32",
+             "p50_us": {"sdpa": 9.9, "def": 5.14, "def.copy": 5.54, "nh": 5.2}},
+            {"shape": "B1_H8_S512_D128_full", "dtype": "fp16", "mode": "graph x32",
+             "p50_us": {"sdpa": 12.0, "def": 6.6, "def.copy": 6.5, "nh": 6.5}},
+            {"shape": "B4_H16_S2048_D128_causal", "dtype": "bf16", "mode": "eager",
+             "p50_us": {"sdpa": 150.0, "def": 135.0, "def.copy": 136.35}}]
+    for row in rows:
+        row["replica_delta_us"] = module.replica_deltas(row["p50_us"], ["def", "nh"])   # nh has no copy
+    assert rows[0]["replica_delta_us"] == {"def": pytest.approx(0.40)}
+    assert rows[1]["replica_delta_us"] == {"def": pytest.approx(-0.10)}
+    worst = module.resolution(rows)
+    assert worst["graph x32"]["shape"] == "B1_H8_S512_D64_full"
+    assert worst["graph x32"]["relative"] == pytest.approx(0.40 / 5.14)
+    assert worst["eager"]["delta_us"] == pytest.approx(1.35) and worst["eager"]["dtype"] == "bf16"
+    assert module.resolution([{k: v for k, v in rows[0].items() if k != "replica_delta_us"}]) == {}
+
+
 def test_ab_sweep_builds_land_where_ab_profile_looks(tmp_path, monkeypatch):
     """build_config puts each build in BUILD_DIR/<variant>/<config>/ (a compared variant's under
     its own name) and records the variant; the build itself is the build stage's build_cuda."""
