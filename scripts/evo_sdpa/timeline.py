@@ -20,9 +20,9 @@ STEPS = (("entry", "producer_start"), ("producer_start", "kv_scheduled"), ("kv_s
          ("q_ready", "first_k_ready"), ("first_k_ready", "first_s"), ("first_s", "first_softmax"),
          ("first_softmax", "last_pv"), ("last_pv", "merged"), ("merged", "store_issued"),
          ("store_issued", "exit"),
-         # The prologue, finer: thread 0's barrier set-up, the CTA's first barrier, then each role's
-         # register reallocation and pipeline objects.
-         ("entry", "init_done"), ("init_done", "synced"), ("synced", "producer_start"), ("synced", "consumer_start"))
+         # The prologue, finer, all in warp 0 (the K/V thread is one of its lanes): thread 0's barrier
+         # set-up, the CTA's first barrier, then the producer's register release and pipeline objects.
+         ("entry", "init_done"), ("init_done", "synced"), ("synced", "producer_start"))
 
 
 def buffer_bytes() -> int:
