@@ -220,8 +220,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     using BarrierQ = typename Traits::BarrierQ;
     using BarrierQEmpty = typename Traits::BarrierQEmpty;
     // With key groups, each group's threads take the same fragments of the same rows.
-    const int key_group = consumer_thread / Traits::kStageConsumers;
-    const int mma_thread = consumer_thread % Traits::kStageConsumers;
+    const int key_group = Traits::kKeyGroups > 1 ? consumer_thread / Traits::kStageConsumers : 0;
+    const int mma_thread = Traits::kKeyGroups > 1 ? consumer_thread % Traits::kStageConsumers : consumer_thread;
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(mma_thread);

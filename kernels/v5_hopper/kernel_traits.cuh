@@ -171,7 +171,7 @@ struct KernelTraits {
     // D=64 and 106 KB at D=128, with 128-key stages 86 KB at D=64; one CTA of more warp groups.
     static constexpr int kSmemCtasPerSm = 228 * 1024 / (kSmemBytes + 1024);
     static constexpr int kMinBlocksPerSm =
-        kConsumingGroups > 1 ? 1 : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;
+        kConsumerWarpGroups > 1 ? 1 : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;
     // setmaxnreg budgets: the producer only issues copies; the consumers hold S, P and O. The
     // warp groups can only trade the registers the CTA was launched with (65536 / threads / CTAs
     // per SM, in steps of 8): 168 x 384 = 64512 for two consumer groups, 128 x 512 = 65536 for
@@ -180,9 +180,13 @@ struct KernelTraits {
     static constexpr int kLaunchRegisters = (65536 / (kThreads * kMinBlocksPerSm)) / 8 * 8;
     // The producer at 24 registers spills; at 32 it does not since Q has a thread of its own (run 18),
     // which lets three consumer groups have 160 (at 152 the 192-row D=64 kernels spilled 48 bytes).
-    static constexpr int kProducerRegisters = kConsumingGroups == 2 ? 40 : 32;
+    // Key groups two to an SM (run 50: at one, the next call's CTAs could not enter before this
+    // call's left, and the prologue lost its overlap): 32 + 2 x 104 of 3 x 80.
+    static constexpr int kProducerRegisters = kConsumingGroups == 2 ? (kMinBlocksPerSm > 1 ? 32 : 40) : 32;
     static constexpr int kConsumerRegisters =
-        kConsumingGroups == 2 ? 232
+        kConsumingGroups == 2
+            ? (kMinBlocksPerSm > 1 ? ((kConsumingGroups + 1) * kLaunchRegisters - kProducerRegisters) / kConsumingGroups / 8 * 8
+                                   : 232)
         : kConsumingGroups == 3 ? 160
         : (2 * kLaunchRegisters - kProducerRegisters < 240 ? 2 * kLaunchRegisters - kProducerRegisters : 240);
     static_assert(kProducerRegisters + kConsumingGroups * kConsumerRegisters <=
