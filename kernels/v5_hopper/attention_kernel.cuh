@@ -112,8 +112,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
     const TileScheduler<Traits, kCausal> scheduler{params};
     auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
     bool first_load = true;
-    [[maybe_unused]] bool first_tile = true;
-    for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), first_tile = false) {
+    for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t)) {
         const TileCoord tile = scheduler.coord(t);
         Tensor gK = local_tile(mK(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapeQK{}),
                                make_coord(_, _0{}));   // (N, D, key tiles)
@@ -125,16 +124,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
         if (first_load) probe.mark(trace::kKvScheduled);
-        int issued = 0;
-        for (int n = span.end - 1; n >= span.begin; --n, ++issued) {
-            // Key groups (development): the first tile of each group goes out at once, the rest once
-            // the first K has landed, so the start-of-call burst stays one tile per group (run 44: a
-            // deeper burst makes the first K land later).
-            if constexpr (Traits::kKeyGroups > 1 && V5_DEV_HOLD_BURST) {
-                if (first_tile && issued == Traits::kKeyGroups) {
-                    shared.pipeline_k.full_barrier_[0].wait(0);
-                }
-            }
+        for (int n = span.end - 1; n >= span.begin; --n) {
             pipeline_k.producer_acquire(write);
             if (first_load) {
                 probe.mark(trace::kKAcquired);
@@ -168,49 +158,6 @@ __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Trai
     }
 }
 
-// Key groups (Traits::kKeyGroups == 2): group 1 leaves its softmax state and O in shared memory
-// and is done; group 0 waits for them and folds them into its own, element by element (both
-// groups' threads hold the same rows and columns). Returns true in group 0.
-constexpr uint32_t kFoldBarrier = 7;   // after the ping-pong's (0..2) and the epilogue's (3..5) named barriers
-template <class Traits, class Softmax, class AccRowCol>
-__device__ bool fold_key_groups(Softmax& softmax, AccRowCol& o, typename Traits::SharedStorage& shared, int key_group,
-                                int thread) {
-    static_assert(uint32_t(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) + kFoldBarrier < 16,
-                  "the fold's named barrier runs past the hardware's 16");
-    constexpr int kRows = Softmax::kRowsPerThread;
-    constexpr int kCols = decltype(size<1>(o))::value;
-    static_assert(2 * kRows + kRows * kCols <= 4 + Traits::kHeadDim / 2, "the fold slots hold a thread's state");
-    constexpr int kStride = Traits::kStageConsumers;
-    float* slots = shared.fold.data() + thread;
-    if (key_group == 1) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-            slots[r * kStride] = softmax.row_max[r];
-            slots[(kRows + r) * kStride] = softmax.row_sum[r];
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < kCols; ++c) slots[(2 * kRows + r * kCols + c) * kStride] = o(r, c);
-        }
-        cutlass::arch::NamedBarrier::arrive(2 * kStride, kFoldBarrier);
-        return false;
-    }
-    cutlass::arch::NamedBarrier::sync(2 * kStride, kFoldBarrier);
-    float other_max[kRows], other_sum[kRows], mine_weight[kRows], other_weight[kRows];
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-        other_max[r] = slots[r * kStride];
-        other_sum[r] = slots[(kRows + r) * kStride];
-    }
-    softmax.fold(other_max, other_sum, mine_weight, other_weight);
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-            o(r, c) = fmaf(o(r, c), mine_weight[r], slots[(2 * kRows + r * kCols + c) * kStride] * other_weight[r]);
-        }
-    }
-    return true;
-}
-
 template <class Traits, bool kCausal>
 __device__ void consume(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
@@ -219,13 +166,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     using Element = typename Traits::Element;
     using BarrierQ = typename Traits::BarrierQ;
     using BarrierQEmpty = typename Traits::BarrierQEmpty;
-    // With key groups, each group's threads take the same fragments of the same rows.
-    const int key_group = Traits::kKeyGroups > 1 ? consumer_thread / Traits::kStageConsumers : 0;
-    const int mma_thread = Traits::kKeyGroups > 1 ? consumer_thread % Traits::kStageConsumers : consumer_thread;
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
-    auto thr_qk = mma_qk.get_thread_slice(mma_thread);
-    auto thr_pv = mma_pv.get_thread_slice(mma_thread);
+    auto thr_qk = mma_qk.get_thread_slice(consumer_thread);
+    auto thr_pv = mma_pv.get_thread_slice(consumer_thread);
 
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
@@ -244,18 +188,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     // measured 5% faster, on the causal ones 1-3% slower (NOTES.md, run 10).
     // One group (a 64-row split CTA) has no one to take turns with.
     constexpr bool kPingpong = Traits::kConsumerWarpGroups > 1 && (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
-    const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{mma_thread / cutlass::NumThreadsPerWarpGroup};
+    const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{consumer_thread / cutlass::NumThreadsPerWarpGroup};
 
     const TileScheduler<Traits, kCausal> scheduler{params};
     typename Traits::PipelineState read_k;   // K and V stages advance together
-    // Key group g reads the stages of the tiles it takes: g, g + kKeyGroups, ... of the issue order.
-    const auto advance = [](typename Traits::PipelineState& state) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < Traits::kKeyGroups; ++i) ++state;
-    };
-    if constexpr (Traits::kKeyGroups > 1) {
-        for (int i = 0; i < key_group; ++i) ++read_k;
-    }
     int tile_count = 0;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
@@ -270,12 +206,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (tile_count == 0) probe.mark(trace::kQReady);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
-        int n = span.end - 1 - key_group;
-        // A key group without a tile in this share (fewer tiles than groups) keeps the empty state
-        // (max -inf, sum 0, O 0), which the fold weighs at zero.
-        if (Traits::kKeyGroups > 1 && n < span.begin) {
-            BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
-        } else {
+        int n = span.end - 1;
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
@@ -291,9 +222,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);
         auto read_v = read_k;
-        advance(read_k);
+        ++read_k;
 
-        for (n -= Traits::kKeyGroups; n >= span.begin; n -= Traits::kKeyGroups) {
+        for (--n; n >= span.begin; --n) {
             pipeline_k.consumer_wait(read_k);
             pipeline_v.consumer_wait(read_v);
             turn.wait();
@@ -312,7 +243,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             if (!V5_HOPPER_LAZY_RESCALE || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
             tOrP = convert_to_a_operand<Element>(tSrS);
             read_v = read_k;
-            advance(read_k);
+            ++read_k;
         }
         // Every Q K^T of this query tile has completed: the producer may load the next Q.
         BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
@@ -326,16 +257,12 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         warpgroup_fence_operand(tOrO);
         if (tile_count == 0) probe.mark(trace::kLastPv);
         release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-        }
         if constexpr (Traits::kSplit) {
             // The next grid may start launching once every CTA has passed its key loop (earlier, its
             // CTAs would wait on SMs this grid still needs: v4_pipelined's NOTES.md, runs 6-7).
             if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
-            if constexpr (Traits::kKeyGroups > 1) {
-                if (!fold_key_groups<Traits>(softmax, o_rc, shared, key_group, mma_thread)) return;
-            }
             const ClusterMerge<Traits> cluster{shared, params.key_splits};
-            const bool owner = cluster.merge(softmax, o_rc, mma_thread / 32, mma_thread % 32);
+            const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32);
             if (tile_count == 0) probe.mark(trace::kMerged);
             if (!owner) return;
         }
@@ -365,7 +292,7 @@ __device__ typename Traits::Pipeline::Params pipeline_params(bool producer, bool
     typename Traits::Pipeline::Params p;
     p.role = producer ? Traits::Pipeline::ThreadCategory::Producer : Traits::Pipeline::ThreadCategory::Consumer;
     p.is_leader = leader;
-    p.num_consumers = Traits::kStageConsumers;   // a stage is read by one key group
+    p.num_consumers = Traits::kConsumerThreads;
     p.transaction_bytes = stage_bytes;
     return p;
 }

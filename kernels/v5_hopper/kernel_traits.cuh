@@ -30,15 +30,8 @@ struct KernelTraits {
     static constexpr int kBlockN = kBlockN_;          // keys per pipeline stage
     static constexpr int kStages = kStages_;
     static constexpr bool kSplit = kSplit_;
-    static constexpr int kConsumerWarpGroups = kBlockM / 64;   // warp groups per key tile: one per 64 rows
-    // Key groups (development, V5_DEV_KEY_GROUPS=2, 64-row split CTAs only): that many sets of
-    // consumer warp groups on the same rows, each on every kKeyGroups-th key tile, folded at the end.
-    static constexpr int kKeyGroups = kSplit && kConsumerWarpGroups == 1 ? V5_DEV_KEY_GROUPS : 1;
-    static_assert(kKeyGroups == 1 || kKeyGroups == 2, "one or two key groups");
-    static_assert(kStages % kKeyGroups == 0, "each key group owns every kKeyGroups-th stage");
-    static constexpr int kStageConsumers = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;  // read a stage
-    static constexpr int kConsumerThreads = kKeyGroups * kStageConsumers;
-    static constexpr int kConsumingGroups = kKeyGroups * kConsumerWarpGroups;
+    static constexpr int kConsumerWarpGroups = kBlockM / 64;
+    static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
     static constexpr int kThreads = kConsumerThreads + cutlass::NumThreadsPerWarpGroup;  // + the producer
     static_assert(kConsumerWarpGroups >= 1 && kConsumerWarpGroups <= 3 && kBlockM % 64 == 0,
                   "64, 128 or 192 query rows per CTA");
@@ -133,7 +126,7 @@ struct KernelTraits {
     // 0 of a lane holds its two rows' maxima and sums, chunks 1.. its O accumulator, 16 bytes each,
     // chunk c of lane l at byte (c * 32 + l) * 16 of the slot. Sized for the most slots (S = 4) and
     // the most owned warps (S = 2).
-    static constexpr int kConsumerWarps = kStageConsumers / 32;   // the warps that own rows
+    static constexpr int kConsumerWarps = kConsumerThreads / 32;
     static constexpr int kMaxSplits = 4;
     static constexpr int kSplitChunks = 1 + kHeadDim / 8;
     static constexpr int kWarpStateBytes = kSplitChunks * 16 * 32;
@@ -157,8 +150,6 @@ struct KernelTraits {
         typename BarrierQEmpty::ValueType barrier_q_empty[kQBuffers];   // Q read by every consumer
         cute::array_aligned<char, kSplit ? kReceiveSlots * kWarpStateBytes : 16, 16> receive;
         uint64_t receive_barrier[kSplit ? kMostOwnedWarps : 1];           // an owned warp's slots filled
-        // Key group 1's softmax state and O, value v of thread t at v * 128 + t, for group 0 to fold.
-        cute::array_aligned<float, (kKeyGroups > 1 ? kStageConsumers * (4 + kHeadDim / 2) : 1), 16> fold;
 #if V5_HOPPER_TRACE
         trace::Row trace_row;   // the diagnostic build's probes, copied out at the CTA's end
 #endif
@@ -180,17 +171,13 @@ struct KernelTraits {
     static constexpr int kLaunchRegisters = (65536 / (kThreads * kMinBlocksPerSm)) / 8 * 8;
     // The producer at 24 registers spills; at 32 it does not since Q has a thread of its own (run 18),
     // which lets three consumer groups have 160 (at 152 the 192-row D=64 kernels spilled 48 bytes).
-    // Key groups two to an SM (run 50: at one, the next call's CTAs could not enter before this
-    // call's left, and the prologue lost its overlap): 32 + 2 x 104 of 3 x 80.
-    static constexpr int kProducerRegisters = kConsumingGroups == 2 ? (kMinBlocksPerSm > 1 ? 32 : 40) : 32;
+    static constexpr int kProducerRegisters = kConsumerWarpGroups == 2 ? 40 : 32;
     static constexpr int kConsumerRegisters =
-        kConsumingGroups == 2
-            ? (kMinBlocksPerSm > 1 ? ((kConsumingGroups + 1) * kLaunchRegisters - kProducerRegisters) / kConsumingGroups / 8 * 8
-                                   : 232)
-        : kConsumingGroups == 3 ? 160
+        kConsumerWarpGroups == 2 ? 232
+        : kConsumerWarpGroups == 3 ? 160
         : (2 * kLaunchRegisters - kProducerRegisters < 240 ? 2 * kLaunchRegisters - kProducerRegisters : 240);
-    static_assert(kProducerRegisters + kConsumingGroups * kConsumerRegisters <=
-                      (kConsumingGroups + 1) * kLaunchRegisters,
+    static_assert(kProducerRegisters + kConsumerWarpGroups * kConsumerRegisters <=
+                      (kConsumerWarpGroups + 1) * kLaunchRegisters,
                   "setmaxnreg budgets exceed the registers the CTA is launched with");
 
     struct Params {

@@ -244,10 +244,7 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
         // (split_block_n): a share then runs as more, smaller steps. The split never gives a CTA
         // fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key stage each cost more
         // than 2 of one 128-key stage on (1,8,256,64), the merge being paid for less work (NOTES.md, run 34).
-        // Key groups (development): two stages per group.
-        constexpr int kSplitStages = V5_HOPPER_SPLIT_BLOCK_M == 64 ? 2 * V5_DEV_KEY_GROUPS : 2;
-        using SplitTraits =
-            KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, kSplitStages, true>;
+        using SplitTraits = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, 2, true>;
         constexpr int kMinShareKeys = 128;
         const int64_t tiles = int64_t((seq_len + SplitTraits::kBlockM - 1) / SplitTraits::kBlockM) * heads * batch;
         const int splits = detail::cluster_splits<SplitTraits, false>(tiles, (seq_len + kMinShareKeys - 1) / kMinShareKeys);

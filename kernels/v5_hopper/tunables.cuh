@@ -101,14 +101,6 @@
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
 #endif
 
-// Development: key groups of a 64-row split CTA (kernel_traits.cuh); 1 unless a build sets it.
-#ifndef V5_DEV_KEY_GROUPS
-#define V5_DEV_KEY_GROUPS 1
-#endif
-#ifndef V5_DEV_HOLD_BURST
-#define V5_DEV_HOLD_BURST 1
-#endif
-
 // CuTe's wgmma atoms for N = 176 come only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, whose
 // headers cost about 14 s of front end in every translation unit (the includes alone: 19.5 s with
 // it, 5.8 s without; NOTES.md, "Build time"): defined for the 176-key build only. It must come
