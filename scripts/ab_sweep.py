@@ -181,18 +181,15 @@ def replica_name(name: str) -> str:
 
 
 def check_replicas(replicas: list[str], names: list[str], kind: str, config_names: list[str]) -> None:
-    """Each --replica names a CUDA library of this sweep, once: a configuration of a CUDA variant,
-    a compared variant or an artifact (a Triton configuration is a Python module: it has no file to
-    load twice)."""
+    """Each --replica names a CUDA library of this sweep: a configuration of a CUDA variant, a
+    compared variant or an artifact (a Triton configuration is a Python module: it has no file to
+    load twice). A name given twice is check_names' to refuse (its copy's name comes twice)."""
     for name in replicas:
         if name not in names:
             raise StageError(f"--replica {name}: no configuration, compared variant or artifact of that name "
                              f"(names: {', '.join(names) or 'none'})")
         if kind != "cuda" and name in config_names:
             raise StageError(f"--replica {name}: a {kind} configuration; only a CUDA library can be loaded twice")
-    twice = sorted({name for name in replicas if replicas.count(name) > 1})
-    if twice:
-        raise StageError(f"--replica {twice[0]} given twice: one copy each")
 
 
 def copy_library(path: str, name: str) -> str:
