@@ -158,6 +158,16 @@ __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Trai
     }
 }
 
+#ifndef V5_DEV_PIN
+#define V5_DEV_PIN 0
+#endif
+// Development (run 52): ptxas schedules a wgmma wait as early as its basic block allows; a branch
+// on the softmax's last sum ends the block there, so P V's wait follows the whole softmax (the
+// overlap inside a warp group). Never taken for a finite sum; taken, it would only sleep.
+__device__ __forceinline__ void end_block_after(float last) {
+    if (__float_as_uint(last) == 0xffffffffu) __nanosleep(1);
+}
+
 template <class Traits, bool kCausal>
 __device__ void consume(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
@@ -236,6 +246,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
             const bool rescaled = softmax.template update<false>(s_rc, o_scale);
+#if V5_DEV_PIN
+            if constexpr (!Traits::kSplit && !kPingpong) end_block_after(softmax.row_sum[kRows - 1]);
+#endif
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
