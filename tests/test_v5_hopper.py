@@ -38,7 +38,7 @@ def test_builds_for_sm90a_without_spills(sm90a_build):
     assert verdict["arch"] == "-gencode=arch=compute_90a,code=sm_90a"
     assert len(verdict["units"]) == 5     # the ABI and one unit per (dtype, head dim), built in parallel
     kernels = {r["kernel"] for r in resources}
-    assert len(kernels) == 12             # 2 dtypes x 2 head dims x causal, full, full split
+    assert len(kernels) == 14             # 2 dtypes x 2 head dims x causal, full, full split; D=128 free issue
     assert all(r["spill_store_bytes"] == 0 and r["stack_frame_bytes"] == 0 for r in resources)
 
 
@@ -82,6 +82,26 @@ def test_matches_reference(sm90a_build, dtype, D, causal, S):
     forward = load_forward(v5_variant(), sm90a_build[0]["artifact"])
     rule = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})
     record = run_case(ParityCase(dtype, 2, 3, S, D, causal, "normal", 0), forward, rule, "cuda")
+    assert record["status"] == "pass", record
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("B,H", [(1, 4), (2, 8)])
+def test_long_d128_key_loops_match_reference(sm90a_build, dtype, B, H):
+    """From 4096 keys a D=128 non-causal call runs the free-issue kernel (free_issue_d128_min_keys),
+    which no parity tier reaches (their longest S is 2048): 4100 keys end on a ragged key tile and a
+    ragged query tile; B1 H4 is one wave of 132 tiles, B2 H8 four on the persistent grid."""
+    from evo_sdpa.parity import ParityCase, run_case
+    from evo_sdpa.runners import load_forward
+    from evo_sdpa.tolerance import ToleranceRule
+
+    if not sm90_device():
+        pytest.skip("v5_hopper runs on compute capability 9.0 only")
+    assert sm90a_build[0]["tunables"]["free_issue_d128_min_keys"] <= 4100
+    forward = load_forward(v5_variant(), sm90a_build[0]["artifact"])
+    rule = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})
+    record = run_case(ParityCase(dtype, B, H, 4100, 128, False, "normal", 0), forward, rule, "cuda")
     assert record["status"] == "pass", record
 
 

@@ -158,12 +158,10 @@ __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Trai
     }
 }
 
-#ifndef V5_DEV_PIN
-#define V5_DEV_PIN 0
-#endif
-// Development (run 52): ptxas schedules a wgmma wait as early as its basic block allows; a branch
-// on the softmax's last sum ends the block there, so P V's wait follows the whole softmax (the
-// overlap inside a warp group). Never taken for a finite sum; taken, it would only sleep.
+// ptxas schedules a wgmma wait as early as its basic block allows: in the key loop, P V's wait
+// came right after the first FMNMX of the softmax (NOTES.md, run 17). A branch on the softmax's
+// last sum ends the block there, so the wait follows the whole softmax and P V runs under it.
+// Never taken for a finite sum; taken, it would only sleep.
 __device__ __forceinline__ void end_block_after(float last) {
     if (__float_as_uint(last) == 0xffffffffu) __nanosleep(1);
 }
@@ -197,7 +195,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     // Ping-pong per mask kind: on the long non-causal D=128 shape the two groups issuing freely
     // measured 5% faster, on the causal ones 1-3% slower (NOTES.md, run 10).
     // One group (a 64-row split CTA) has no one to take turns with.
-    constexpr bool kPingpong = Traits::kConsumerWarpGroups > 1 && (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
+    // A free-issue kernel's groups never take turns (free_issue_d128_min_keys).
+    constexpr bool kPingpong = Traits::kConsumerWarpGroups > 1 && !Traits::kFreeIssue &&
+                               (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
     const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{consumer_thread / cutlass::NumThreadsPerWarpGroup};
 
     const TileScheduler<Traits, kCausal> scheduler{params};
@@ -246,9 +246,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
             const bool rescaled = softmax.template update<false>(s_rc, o_scale);
-#if V5_DEV_PIN
-            if constexpr (!Traits::kSplit && !kPingpong) end_block_after(softmax.row_sum[kRows - 1]);
-#endif
+            if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);

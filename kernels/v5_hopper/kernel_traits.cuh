@@ -20,7 +20,10 @@ using namespace cute;
 
 // kSplit_: the kernel of a cluster key split (cluster_merge.cuh): the CTAs of a cluster share one
 // query tile's key tiles and merge their states; one query tile per CTA, so one Q buffer.
-template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kSplit_ = false>
+// kFreeIssue_: the consumer warp groups issue without taking turns, and each one's softmax runs
+// under its own P V (free_issue_d128_min_keys: the long D=128 non-causal shapes).
+template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kSplit_ = false,
+          bool kFreeIssue_ = false>
 struct KernelTraits {
     using Element = Element_;
     using ElementAccum = float;
@@ -30,6 +33,8 @@ struct KernelTraits {
     static constexpr int kBlockN = kBlockN_;          // keys per pipeline stage
     static constexpr int kStages = kStages_;
     static constexpr bool kSplit = kSplit_;
+    static constexpr bool kFreeIssue = kFreeIssue_;
+    static_assert(!(kSplit && kFreeIssue), "a split CTA has one consumer warp group: nothing to take turns with");
     static constexpr int kConsumerWarpGroups = kBlockM / 64;
     static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
     static constexpr int kThreads = kConsumerThreads + cutlass::NumThreadsPerWarpGroup;  // + the producer

@@ -254,6 +254,15 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
             return detail::launch_traits<SplitTraits, false>(params, stream);
         }
     }
+    if constexpr (kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0) {
+        // Long key loops: the two groups issue freely and each softmax runs under its own P V
+        // (NOTES.md, run 53: +0.5-3% from 4096 keys, -4% at 1024, where the tile boundaries weigh more).
+        using FreeTraits = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, kStages, false, true>;
+        if (seq_len >= V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS) {
+            return detail::launch_traits<FreeTraits, false>(
+                detail::make_params<FreeTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
+        }
+    }
     return detail::launch_traits<FullTraits, false>(
         detail::make_params<FullTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
 }

@@ -96,6 +96,11 @@
 #ifndef V5_HOPPER_CAUSAL_ORDER
 #error "V5_HOPPER_CAUSAL_ORDER undefined: the build passes it from variant.yaml (tunables.causal_order)"
 #endif
+// D=128 non-causal, from this many keys (0: never): the free-issue kernel (no turns, the softmax
+// under its own P V)
+#ifndef V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS
+#error "V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS undefined: the build passes it from variant.yaml (tunables.free_issue_d128_min_keys)"
+#endif
 // launch with programmatic dependent launch
 #ifndef V5_HOPPER_PDL
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
