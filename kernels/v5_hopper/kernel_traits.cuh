@@ -69,7 +69,14 @@ struct KernelTraits {
     static constexpr int kSumChains = V5_HOPPER_SUM_CHAINS;
     static_assert(kSumChains == 1 || kSumChains == 4, "tile sum chains: 1 or 4");
     // Q buffers: with two, the Q thread loads the next query tile's Q while this one's is in use.
-    static constexpr int kQBuffers = kSplit ? 1 : V5_HOPPER_Q_BUFFERS;
+    // A free-issue kernel has two wherever they fit: its groups reach a tile's first Q K^T together,
+    // and with one buffer that Q's load starts only after the previous tile's last Q K^T (two
+    // measured 0.6-1.7% faster from 4096 keys, NOTES.md, run 56). They fit beside two 128-key
+    // stages and the O slabs (224 KB at D=128), not beside three stages or 176-key ones.
+    static constexpr bool kTwoQFit =
+        (2 * kBlockM * kHeadDim + 2 * kStages * kBlockN * kHeadDim + (V5_HOPPER_TMA_EPILOGUE ? kBlockM * kHeadDim : 0)) *
+                sizeof(Element_) + 2048 <= 227 * 1024;
+    static constexpr int kQBuffers = kSplit ? 1 : kFreeIssue && kTwoQFit ? 2 : V5_HOPPER_Q_BUFFERS;
     static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q buffers");
     // The Q buffer of a CTA's tile_count-th query tile, and how often that buffer served before:
     // the Q thread waits for use - 1 to be released, the consumers for use to land (phase use & 1).
