@@ -202,12 +202,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
 
     const TileScheduler<Traits, kCausal> scheduler{params};
     typename Traits::PipelineState read_k;   // K and V stages advance together
-    // Free-issue kernels carry a tile's first key tile into the previous tile's last step: the next
-    // tile's first Q K^T is issued with this tile's last P V and its softmax runs under it, before
-    // this tile's epilogue, so no step of a query tile runs its products or its softmax alone.
-    constexpr bool kCarryFirst = Traits::kFreeIssue;
-    bool carried = false;   // this tile's first key tile ran in the previous tile's last step
-    OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains> carried_softmax(params.scale_log2);
     int tile_count = 0;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
@@ -218,28 +212,24 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         clear(tOrO);   // the first P V accumulates onto zeros
         if (turn.is_last()) turn.pass();   // group 0 issues first
         const auto [q_buffer, q_use] = Traits::q_slot(tile_count);
+        BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
+        if (tile_count == 0) probe.mark(trace::kQReady);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
         int n = span.end - 1;
-        if (kCarryFirst && carried) {
-            softmax = carried_softmax;
-        } else {
-            BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
-            if (tile_count == 0) probe.mark(trace::kQReady);
-            // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
-            pipeline_k.consumer_wait(read_k);
-            if (tile_count == 0) probe.mark(trace::kFirstKReady);
-            turn.wait();
-            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
-            turn.pass();
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tSrS);
-            if (tile_count == 0) probe.mark(trace::kFirstS);
-            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-            softmax.template update<true>(s_rc, o_scale);
-            if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
-        }
+        // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
+        pipeline_k.consumer_wait(read_k);
+        if (tile_count == 0) probe.mark(trace::kFirstKReady);
+        turn.wait();
+        warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
+        turn.pass();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        if (tile_count == 0) probe.mark(trace::kFirstS);
+        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+        if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+        softmax.template update<true>(s_rc, o_scale);
+        if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);
         auto read_v = read_k;
         ++read_k;
@@ -269,56 +259,27 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // Every Q K^T of this query tile has completed: the producer may load the next Q.
         BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
 
+        // Last P V.
+        pipeline_v.consumer_wait(read_v);
+        turn.wait();
+        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        if (!turn.is_last()) turn.pass();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (tile_count == 0) probe.mark(trace::kLastPv);
+        release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
+        if constexpr (Traits::kSplit) {
+            // The next grid may start launching once every CTA has passed its key loop (earlier, its
+            // CTAs would wait on SMs this grid still needs: v4_pipelined's NOTES.md, runs 6-7).
+            if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
+            const ClusterMerge<Traits> cluster{shared, params.key_splits};
+            const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32);
+            if (tile_count == 0) probe.mark(trace::kMerged);
+            if (!owner) return;
+        }
+
         float inv_sum[kRows];
-        carried = false;
-        if constexpr (kCarryFirst) {
-            const int t_next = scheduler.next(t);
-            if (scheduler.valid(t_next)) {
-                // This tile's sums are final: its last P V only multiplies P by V.
-                softmax.inverse_sums(inv_sum);
-                const TileCoord next = scheduler.coord(t_next);
-                const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> next_keys{next.m_block, params.seq_len};
-                const int next_n = scheduler.key_span(next_keys).end - 1;
-                const auto [next_buffer, next_use] = Traits::q_slot(tile_count + 1);
-                BarrierQ::wait(&shared.barrier_q[next_buffer], next_use & 1);
-                pipeline_k.consumer_wait(read_k);
-                pipeline_v.consumer_wait(read_v);
-                warpgroup_gemm<true>(mma_qk, tSrQ(_, _, _, next_buffer), tSrK(_, _, _, read_k.index()), tSrS);
-                warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-                warpgroup_wait<1>();
-                warpgroup_fence_operand(tSrS);
-                release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-                if (next_keys.needs_mask(next_n)) next_keys.apply(s_rc, coord_rc, next_n);
-                carried_softmax = OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains>(params.scale_log2);
-                carried_softmax.template update<true>(s_rc, o_scale);
-                end_block_after(carried_softmax.row_sum[kRows - 1]);
-                warpgroup_wait<0>();
-                warpgroup_fence_operand(tOrO);
-                release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-                carried = true;
-            }
-        }
-        if (!carried) {
-            // Last P V.
-            pipeline_v.consumer_wait(read_v);
-            turn.wait();
-            warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-            if (!turn.is_last()) turn.pass();
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tOrO);
-            if (tile_count == 0) probe.mark(trace::kLastPv);
-            release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-            if constexpr (Traits::kSplit) {
-                // The next grid may start launching once every CTA has passed its key loop (earlier, its
-                // CTAs would wait on SMs this grid still needs: v4_pipelined's NOTES.md, runs 6-7).
-                if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
-                const ClusterMerge<Traits> cluster{shared, params.key_splits};
-                const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32);
-                if (tile_count == 0) probe.mark(trace::kMerged);
-                if (!owner) return;
-            }
-            softmax.inverse_sums(inv_sum);
-        }
+        softmax.inverse_sums(inv_sum);
         scale_rows(o_rc, inv_sum);
         if constexpr (Traits::kTmaEpilogue) {
             store_slab_tma<Traits>(tOrO, params, shared, tile, turn.group,
