@@ -89,9 +89,9 @@ def test_matches_reference(sm90a_build, dtype, D, causal, S):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("B,H", [(1, 4), (2, 8)])
 def test_long_d128_key_loops_match_reference(sm90a_build, dtype, B, H):
-    """From 4096 keys a D=128 non-causal call runs the free-issue kernel (free_issue_d128_min_keys),
-    which no parity tier reaches (their longest S is 2048): 4100 keys end on a ragged key tile and a
-    ragged query tile; B1 H4 is one wave of 132 tiles, B2 H8 four on the persistent grid."""
+    """A long D=128 non-causal call runs the free-issue kernel (free_issue_d128_min_keys, from 1024
+    keys), past the parity tiers' longest S (2048): 4100 keys end on a ragged key tile and a ragged
+    query tile; B1 H4 is one wave of 132 tiles, B2 H8 four on the persistent grid."""
     from evo_sdpa.parity import ParityCase, run_case
     from evo_sdpa.runners import load_forward
     from evo_sdpa.tolerance import ToleranceRule
