@@ -154,7 +154,7 @@ def test_each_macro_has_no_second_default_in_the_sources(variant):
 def test_v5_defaults_are_the_ones_tunables_cuh_held():
     """The values of kernels/v5_hopper/tunables.cuh before it lost its fallbacks (V5_HOPPER_STAGES_D64
     fell back to V5_HOPPER_STAGES, 2), and the knobs added since at the defaults their runs chose
-    (pdl: NOTES.md, runs 20-23; key_split: run 29; free_issue_d128_min_keys: run 53)."""
+    (pdl: NOTES.md, runs 20-23; key_split: run 29; free_issue_d128_min_keys: runs 53-59)."""
     v5 = load_variant(REPO / "kernels" / "v5_hopper")
     assert defaults(v5) == {"fast_exp2": 1, "stages": 2, "stages_d64": 2, "block_n": 128, "block_m_d64_full": 128,
                             "block_m_d64_causal": 128, "block_n_d128_full": 128, "persistent": 2,

@@ -255,7 +255,7 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
         }
     }
     if constexpr (kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0) {
-        // Long key loops: the two groups issue freely and each softmax runs under its own P V
+        // From free_issue_d128_min_keys keys the two groups issue freely and each softmax runs under its own P V
         // (NOTES.md, runs 53-59: with two Q buffers +1.3-2.5% at 1024 and 2048 keys, +1.5-2.5% from 4096).
         using FreeTraits = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, kStages, false, true>;
         if (seq_len >= V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS) {
