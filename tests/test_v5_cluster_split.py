@@ -11,7 +11,7 @@ import pytest
 
 from evo_sdpa.build import build_cuda
 from evo_sdpa.sass import dump_sass, find_sass_tools
-from test_v5_hopper import needs_toolchain, sm90_device, v5_variant
+from test_v5_hopper import assert_matches_reference, needs_toolchain, sm90_device, v5_variant
 
 SPLIT = {"key_split": 1, "pdl": 1}   # PDL on every launch, eager ones included
 # KernelTraits<Element, D, M, N, 2, true, false>: the split traits' last two arguments, mangled.
@@ -78,18 +78,9 @@ GRIDS = [(1, 8, 512), (2, 8, 512), (1, 2, 520), (2, 3, 1000), (1, 1, 129)]
 @pytest.mark.parametrize("D", [64, 128])
 @pytest.mark.parametrize("grid", GRIDS, ids=lambda g: "x".join(map(str, g)))
 def test_split_grids_match_reference(split_build, dtype, D, grid):
-    from evo_sdpa.parity import ParityCase, run_case
-    from evo_sdpa.runners import load_forward
-    from evo_sdpa.tolerance import ToleranceRule
-
-    if not sm90_device():
-        pytest.skip("v5_hopper runs on compute capability 9.0 only")
-    forward = load_forward(v5_variant(), split_build[0]["artifact"])
-    rule = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})
     B, H, S = grid
     for distribution in ("normal", "dominant_key", "large"):
-        record = run_case(ParityCase(dtype, B, H, S, D, False, distribution, 0), forward, rule, "cuda")
-        assert record["status"] == "pass", record
+        assert_matches_reference(split_build[0]["artifact"], dtype, B, H, S, D, False, distribution)
 
 
 @pytest.mark.gpu

@@ -67,22 +67,28 @@ def sm90_device() -> bool:
     return torch.cuda.get_device_capability() == (9, 0)
 
 
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("D", [64, 128])
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("S", [1, 130, 1000])
-def test_matches_reference(sm90a_build, dtype, D, causal, S):
+def assert_matches_reference(artifact: str, dtype: str, B: int, H: int, S: int, D: int, causal: bool,
+                             distribution: str = "normal") -> None:
+    """One parity case of a v5 build on the card, under config.yaml's tolerance rule."""
     from evo_sdpa.parity import ParityCase, run_case
     from evo_sdpa.runners import load_forward
     from evo_sdpa.tolerance import ToleranceRule
 
     if not sm90_device():
         pytest.skip("v5_hopper runs on compute capability 9.0 only")
-    forward = load_forward(v5_variant(), sm90a_build[0]["artifact"])
+    forward = load_forward(v5_variant(), artifact)
     rule = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})
-    record = run_case(ParityCase(dtype, 2, 3, S, D, causal, "normal", 0), forward, rule, "cuda")
+    record = run_case(ParityCase(dtype, B, H, S, D, causal, distribution, 0), forward, rule, "cuda")
     assert record["status"] == "pass", record
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("S", [1, 130, 1000])
+def test_matches_reference(sm90a_build, dtype, D, causal, S):
+    assert_matches_reference(sm90a_build[0]["artifact"], dtype, 2, 3, S, D, causal)
 
 
 @pytest.mark.gpu
@@ -92,17 +98,8 @@ def test_long_d128_key_loops_match_reference(sm90a_build, dtype, B, H):
     """A long D=128 non-causal call runs the free-issue kernel (free_issue_d128_min_keys, from 1024
     keys), past the parity tiers' longest S (2048): 4100 keys end on a ragged key tile and a ragged
     query tile; B1 H4 is one wave of 132 tiles, B2 H8 four on the persistent grid."""
-    from evo_sdpa.parity import ParityCase, run_case
-    from evo_sdpa.runners import load_forward
-    from evo_sdpa.tolerance import ToleranceRule
-
-    if not sm90_device():
-        pytest.skip("v5_hopper runs on compute capability 9.0 only")
     assert sm90a_build[0]["tunables"]["free_issue_d128_min_keys"] <= 4100
-    forward = load_forward(v5_variant(), sm90a_build[0]["artifact"])
-    rule = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})
-    record = run_case(ParityCase(dtype, B, H, 4100, 128, False, "normal", 0), forward, rule, "cuda")
-    assert record["status"] == "pass", record
+    assert_matches_reference(sm90a_build[0]["artifact"], dtype, B, H, 4100, 128, False)
 
 
 @pytest.mark.gpu
@@ -148,16 +145,7 @@ def test_persistent_grid_reuses_its_buffers_tile_after_tile(persistent_build, dt
     after tile, and the last tile of each head has rows past S that the TMA store must clip. Causal,
     each CTA steps over pairs of one head's tiles (causal_order 3; S1100 leaves each head's middle
     tile of nine alone). The parity tiers' shapes are too small to give a CTA a second tile."""
-    from evo_sdpa.parity import ParityCase, run_case
-    from evo_sdpa.runners import load_forward
-    from evo_sdpa.tolerance import ToleranceRule
-
-    if not sm90_device():
-        pytest.skip("v5_hopper runs on compute capability 9.0 only")
-    forward = load_forward(v5_variant(), persistent_build["artifact"])
-    rule = ToleranceRule(sdpa_multiple=4.0, atol={"fp16": 1e-3, "bf16": 8e-3})
-    record = run_case(ParityCase(dtype, 2, 16, S, D, causal, "normal", 0), forward, rule, "cuda")
-    assert record["status"] == "pass", record
+    assert_matches_reference(persistent_build["artifact"], dtype, 2, 16, S, D, causal)
 
 
 def defined_macros(variant, values: dict) -> set[str]:
