@@ -162,8 +162,7 @@ def test_v5_defaults_are_the_ones_tunables_cuh_held():
                             "pingpong_full": 1, "q_buffers": 1,
                             "lazy_rescale": 0, "max_chains": 4, "max_chains_d64": 1,
                             "sum_chains": 1, "key_split": 1, "split_block_m": 64, "split_block_n": 64, "split_ctas_per_sm": 2, "pdl": 2,
-                            "causal_order": 3, "free_issue_d128_min_keys": 1024,
-                            "free_issue_d64_min_keys": 0, "free_issue_causal": 0}
+                            "causal_order": 3, "free_issue_d128_min_keys": 1024}
 
 
 def test_v4_defaults_are_the_ones_its_header_held():

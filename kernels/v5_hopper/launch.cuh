@@ -223,8 +223,7 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
     constexpr int kBlockMCausal = kHeadDim == 64 ? V5_HOPPER_BLOCK_M_D64_CAUSAL : 128;
     constexpr int kBlockNFull = kHeadDim == 128 ? V5_HOPPER_BLOCK_N_D128_FULL : V5_HOPPER_BLOCK_N;
     constexpr int kStages = kHeadDim == 64 ? V5_HOPPER_STAGES_D64 : V5_HOPPER_STAGES;
-    using CausalTraits = KernelTraits<Element, kHeadDim, kBlockMCausal, V5_HOPPER_BLOCK_N, kStages, false,
-                                      bool(V5_HOPPER_FREE_ISSUE_CAUSAL)>;
+    using CausalTraits = KernelTraits<Element, kHeadDim, kBlockMCausal, V5_HOPPER_BLOCK_N, kStages>;
     using FullTraits = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, kStages>;
     // TMA: 16-byte aligned bases (row strides are D x 2 bytes, multiples of 16 by construction).
     if (!detail::aligned16(q) || !detail::aligned16(k) || !detail::aligned16(v) || !detail::aligned16(o)) {
@@ -255,13 +254,11 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
             return detail::launch_traits<SplitTraits, false>(params, stream);
         }
     }
-    // From free_issue_d128_min_keys (free_issue_d64_min_keys) keys the two groups issue freely and each
-    // softmax runs under its own P V (NOTES.md, runs 53-59: at D=128 with two Q buffers +1.3-2.5% at 1024
-    // and 2048 keys, +1.5-2.5% from 4096).
-    constexpr int kFreeIssueMinKeys = kHeadDim == 128 ? V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS : V5_HOPPER_FREE_ISSUE_D64_MIN_KEYS;
-    if constexpr (kFreeIssueMinKeys > 0) {
+    if constexpr (kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0) {
+        // From free_issue_d128_min_keys keys the two groups issue freely and each softmax runs under its own P V
+        // (NOTES.md, runs 53-59: with two Q buffers +1.3-2.5% at 1024 and 2048 keys, +1.5-2.5% from 4096).
         using FreeTraits = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, kStages, false, true>;
-        if (seq_len >= kFreeIssueMinKeys) {
+        if (seq_len >= V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS) {
             return detail::launch_traits<FreeTraits, false>(
                 detail::make_params<FreeTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
         }

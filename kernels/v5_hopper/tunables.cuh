@@ -101,14 +101,6 @@
 #ifndef V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS
 #error "V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS undefined: the build passes it from variant.yaml (tunables.free_issue_d128_min_keys)"
 #endif
-// the same at D=64 non-causal
-#ifndef V5_HOPPER_FREE_ISSUE_D64_MIN_KEYS
-#error "V5_HOPPER_FREE_ISSUE_D64_MIN_KEYS undefined: the build passes it from variant.yaml (tunables.free_issue_d64_min_keys)"
-#endif
-// causal grids run the free-issue kernel in place of ping-pong
-#ifndef V5_HOPPER_FREE_ISSUE_CAUSAL
-#error "V5_HOPPER_FREE_ISSUE_CAUSAL undefined: the build passes it from variant.yaml (tunables.free_issue_causal)"
-#endif
 // launch with programmatic dependent launch
 #ifndef V5_HOPPER_PDL
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
