@@ -192,22 +192,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     Tensor o_rc = rowcol_view(tOrO);
     Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
     constexpr int kRows = decltype(size<0>(s_rc))::value;
-    // tensor_row_sum: the rows' sums accumulate beside O, as P times ones (kernel_traits.cuh). Built
-    // only where it is on, so the other kernels' code is what it was.
-    auto tSum = [] {
-        if constexpr (Traits::kTensorSum) {
-            return partition_fragment_C(typename Traits::TiledMmaSum{}, select<0, 1>(typename Traits::TileShapeSum{}));
-        } else {
-            return 0;
-        }
-    }();
-    auto issue_pv_and_sum = [&](auto const& p, int stage) {
-        typename Traits::TiledMmaSum mma_sum;
-        Tensor sOnes = make_tensor(make_smem_ptr(shared.ones()), typename Traits::SmemLayoutOnes{});
-        Tensor tSumOnes = mma_sum.get_thread_slice(consumer_thread).partition_fragment_B(sOnes);
-        warpgroup_gemm_with_sum(mma_pv, mma_sum, p, tOrV(_, _, _, stage), tOrO, tSumOnes, tSum);
-    };
-    constexpr bool kAddSums = !Traits::kTensorSum;
     // Ping-pong per mask kind: on the long non-causal D=128 shape the two groups issuing freely
     // measured 5% faster, on the causal ones 1-3% slower (NOTES.md, run 10).
     // One group (a 64-row split CTA) has no one to take turns with.
@@ -226,7 +210,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
-        if constexpr (Traits::kTensorSum) clear(tSum);
         if (turn.is_last()) turn.pass();   // group 0 issues first
         const auto [q_buffer, q_use] = Traits::q_slot(tile_count);
         BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
@@ -245,7 +228,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (tile_count == 0) probe.mark(trace::kFirstS);
         release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
         if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-        softmax.template update<true, kAddSums>(s_rc, o_scale);
+        softmax.template update<true>(s_rc, o_scale);
         if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);
         auto read_v = read_k;
@@ -256,30 +239,19 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             pipeline_v.consumer_wait(read_v);
             turn.wait();
             warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
-            if constexpr (Traits::kTensorSum) {
-                issue_pv_and_sum(tOrP, read_v.index());
-            } else {
-                warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-            }
+            warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
             turn.pass();
             warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
             warpgroup_fence_operand(tSrS);
             release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-            const bool rescaled = softmax.template update<false, kAddSums>(s_rc, o_scale);
+            const bool rescaled = softmax.template update<false>(s_rc, o_scale);
             if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
-            if constexpr (Traits::kTensorSum) warpgroup_fence_operand(tSum);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
             // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
-            if (!V5_HOPPER_LAZY_RESCALE || __any_sync(0xffffffff, rescaled)) {
-                scale_rows(o_rc, o_scale);
-                if constexpr (Traits::kTensorSum) {
-                    Tensor sum_rc = rowcol_view(tSum);
-                    scale_rows(sum_rc, o_scale);
-                }
-            }
+            if (!V5_HOPPER_LAZY_RESCALE || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
             tOrP = convert_to_a_operand<Element>(tSrS);
             read_v = read_k;
             ++read_k;
@@ -290,15 +262,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // Last P V.
         pipeline_v.consumer_wait(read_v);
         turn.wait();
-        if constexpr (Traits::kTensorSum) {
-            issue_pv_and_sum(tOrP, read_v.index());
-        } else {
-            warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-        }
+        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         if (!turn.is_last()) turn.pass();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
-        if constexpr (Traits::kTensorSum) warpgroup_fence_operand(tSum);
         if (tile_count == 0) probe.mark(trace::kLastPv);
         release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
         if constexpr (Traits::kSplit) {
@@ -312,11 +279,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         }
 
         float inv_sum[kRows];
-        if constexpr (Traits::kTensorSum) {
-            softmax.inverse_sums_of(rowcol_view(tSum), inv_sum);
-        } else {
-            softmax.inverse_sums(inv_sum);
-        }
+        softmax.inverse_sums(inv_sum);
         scale_rows(o_rc, inv_sum);
         if constexpr (Traits::kTmaEpilogue) {
             store_slab_tma<Traits>(tOrO, params, shared, tile, turn.group,
@@ -378,12 +341,6 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     if (warp_group == 0) {
         Pipeline::init_barriers(shared.pipeline_k, pipeline_params<Traits>(true, false, Traits::kTmaBytesK), Shape<_1, _1, _1>{});
         Pipeline::init_barriers(shared.pipeline_v, pipeline_params<Traits>(true, false, Traits::kTmaBytesV), Shape<_1, _1, _1>{});
-    }
-    if constexpr (Traits::kTensorSum) {
-        for (int i = threadIdx.x; i < cute::cosize_v<typename Traits::SmemLayoutOnes>; i += blockDim.x) {
-            shared.ones()[i] = typename Traits::Element(1.f);
-        }
-        cutlass::arch::fence_view_async_shared();   // the ones are read by wgmma (the async proxy)
     }
     __syncthreads();   // every barrier initialised before anyone arrives on or waits for one
     if constexpr (Traits::kSplit) evo_sm90::cluster_arrive_relaxed();

@@ -62,16 +62,6 @@ struct KernelTraits {
     // (NOTES.md, run 13).
     static_assert(size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN, "Q K^T: one wgmma per key tile width");
     static_assert(size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHeadDim, "P V: one wgmma per head dim");
-    // tensor_row_sum: the rows' sums of P as P times a (keys x 8) tile of ones, an m64n8 product in
-    // P V's batch, so the softmax adds no column. Its accumulator is rescaled with O. The split
-    // kernels merge states from the softmax's own sums, and the free-issue kernel pins on one.
-    static constexpr bool kTensorSum = V5_HOPPER_TENSOR_ROW_SUM && kHeadDim == 64 && !kSplit && !kFreeIssue;
-    using TileShapeSum = Shape<Int<kBlockM>, _8, Int<kBlockN>>;
-    using TiledMmaSum = decltype(make_tiled_mma(
-        GMMA::rs_op_selector<Element, Element, ElementAccum, TileShapeSum, GMMA::Major::K, GMMA::Major::K>(),
-        AtomLayoutMma{}));
-    using SmemLayoutOnes = decltype(tile_to_shape(GMMA::Layout_K_INTER_Atom<Element>{}, Shape<_8, Int<kBlockN>>{}));
-    static constexpr int kOnesBytes = int(sizeof(Element)) * cute::cosize_v<SmemLayoutOnes>;
 
     static constexpr int kCausalOrder = V5_HOPPER_CAUSAL_ORDER;
     static constexpr int kMaxChains = kHeadDim == 64 ? V5_HOPPER_MAX_CHAINS_D64 : V5_HOPPER_MAX_CHAINS;
@@ -170,10 +160,8 @@ struct KernelTraits {
         typename Pipeline::SharedStorage pipeline_v;
         typename BarrierQ::ValueType barrier_q[kQBuffers];              // Q landed (TMA bytes)
         typename BarrierQEmpty::ValueType barrier_q_empty[kQBuffers];   // Q read by every consumer
-        // The split kernels' receive slots; tensor_row_sum's ones in an unsplit kernel (ones()).
-        cute::array_aligned<char, kSplit ? kReceiveSlots * kWarpStateBytes : kTensorSum ? kOnesBytes : 16, 16> receive;
+        cute::array_aligned<char, kSplit ? kReceiveSlots * kWarpStateBytes : 16, 16> receive;
         uint64_t receive_barrier[kSplit ? kMostOwnedWarps : 1];           // an owned warp's slots filled
-        __device__ Element* ones() { return reinterpret_cast<Element*>(receive.data()); }
 #if V5_HOPPER_TRACE
         trace::Row trace_row;   // the diagnostic build's probes, copied out at the CTA's end
 #endif

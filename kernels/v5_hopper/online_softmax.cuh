@@ -61,8 +61,7 @@ struct OnlineSoftmax {
     // accumulated against the old maximum (returned in o_scale, for the O rows), (3) the scores
     // turned in place into unnormalised probabilities exp2((s - max) * scale_log2), added to the sum.
     // Returns whether some row of this thread changed its maximum (o_scale not all 1).
-    // kAddSums false: the sums come from elsewhere (tensor_row_sum) and row_sum stays 0.
-    template <bool kFirstTile, bool kAddSums = true, class ScoresRowCol>
+    template <bool kFirstTile, class ScoresRowCol>
     __device__ bool update(ScoresRowCol& s, float (&o_scale)[kRows]) {
         static_assert(decltype(size<0>(s))::value == kRows);
         bool rescaled = !V5_HOPPER_LAZY_RESCALE;
@@ -93,9 +92,8 @@ struct OnlineSoftmax {
             CUTLASS_PRAGMA_UNROLL
             for (int c = 0; c < kCols; ++c) {
                 s(r, c) = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
-                if constexpr (kAddSums) sums[c % kSums] += s(r, c);
+                sums[c % kSums] += s(r, c);
             }
-            if constexpr (!kAddSums) continue;
             float tile_sum = sums[0];
             CUTLASS_PRAGMA_UNROLL
             for (int j = 1; j < kSums; ++j) tile_sum += sums[j];
@@ -145,16 +143,6 @@ struct OnlineSoftmax {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
             const float sum = quad_sum(row_sum[r]);
-            inv[r] = sum > 0.f ? 1.f / sum : 0.f;
-        }
-    }
-    // The same from whole-row sums held in an accumulator's row/column view (tensor_row_sum: every
-    // column of a row holds its sum).
-    template <class SumRowCol>
-    __device__ static void inverse_sums_of(SumRowCol const& sums, float (&inv)[kRows]) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-            const float sum = sums(r, 0);
             inv[r] = sum > 0.f ? 1.f / sum : 0.f;
         }
     }

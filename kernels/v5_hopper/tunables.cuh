@@ -101,10 +101,6 @@
 #ifndef V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS
 #error "V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS undefined: the build passes it from variant.yaml (tunables.free_issue_d128_min_keys)"
 #endif
-// row sums of P on the tensor core (an m64n8 product of P with ones) at D=64, unsplit kernels
-#ifndef V5_HOPPER_TENSOR_ROW_SUM
-#error "V5_HOPPER_TENSOR_ROW_SUM undefined: the build passes it from variant.yaml (tunables.tensor_row_sum)"
-#endif
 // launch with programmatic dependent launch
 #ifndef V5_HOPPER_PDL
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"

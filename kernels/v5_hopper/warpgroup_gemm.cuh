@@ -33,26 +33,4 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& mma, TensorA const& a, 
     if constexpr (kARegisters) warpgroup_fence_operand(const_cast<TensorA&>(a));
 }
 
-// P V and P times ones (tensor_row_sum) as one batch: a wait for P V is a wait for both.
-template <class TiledMma, class TiledMmaSum, class TensorA, class TensorB, class TensorC, class TensorOnes, class TensorSum>
-__device__ __forceinline__ void warpgroup_gemm_with_sum(TiledMma& mma, TiledMmaSum& mma_sum, TensorA const& a,
-                                                        TensorB const& b, TensorC& c, TensorOnes const& ones,
-                                                        TensorSum& sum) {
-    warpgroup_fence_operand(const_cast<TensorA&>(a));
-    warpgroup_fence_operand(c);
-    warpgroup_fence_operand(sum);
-    warpgroup_arrive();
-    mma.accumulate_ = GMMA::ScaleOut::One;
-    mma_sum.accumulate_ = GMMA::ScaleOut::One;
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < size<2>(a); ++k) {
-        cute::gemm(mma, a(_, _, k), b(_, _, k), c);
-        cute::gemm(mma_sum, a(_, _, k), ones(_, _, k), sum);
-    }
-    warpgroup_commit_batch();
-    warpgroup_fence_operand(sum);
-    warpgroup_fence_operand(c);
-    warpgroup_fence_operand(const_cast<TensorA&>(a));
-}
-
 }  // namespace v5_hopper
