@@ -128,7 +128,8 @@ def test_two_builds_share_a_process(sm90a_build, tmp_path):
 def persistent_build(tmp_path_factory, request):
     needs_toolchain()
     verdict, _, _ = build_cuda(v5_variant(), "9.0", tmp_path_factory.mktemp("v5_persistent"),
-                               tunable_values={"persistent": 1, "q_buffers": request.param})
+                               tunable_values={"persistent": 1, "q_buffers": request.param,
+                                               "q_buffers_d64": request.param})
     assert verdict["status"] == "pass", verdict["reasons"]
     return verdict
 

@@ -56,9 +56,13 @@
 #ifndef V5_HOPPER_PINGPONG_FULL
 #error "V5_HOPPER_PINGPONG_FULL undefined: the build passes it from variant.yaml (tunables.pingpong_full)"
 #endif
-// Q buffers (2: a thread of its own loads the next tile's Q ahead)
+// Q buffers at D=128 (2: a thread of its own loads the next tile's Q ahead)
 #ifndef V5_HOPPER_Q_BUFFERS
 #error "V5_HOPPER_Q_BUFFERS undefined: the build passes it from variant.yaml (tunables.q_buffers)"
+#endif
+// Q buffers at D=64
+#ifndef V5_HOPPER_Q_BUFFERS_D64
+#error "V5_HOPPER_Q_BUFFERS_D64 undefined: the build passes it from variant.yaml (tunables.q_buffers_d64)"
 #endif
 // keep a row's maximum until a tile exceeds it by 2^8, so most tiles skip O's rescale
 #ifndef V5_HOPPER_LAZY_RESCALE
