@@ -207,10 +207,6 @@ struct KernelTraits {
         int batch;
         float scale_log2;   // softmax scale x log2(e): the softmax runs on exp2
         int key_splits;     // CTAs per cluster sharing a query tile's keys (1 unless kSplit)
-        // Non-causal: this launch computes the tiles [tile_offset, tile_offset + tile_count) of the
-        // call (tail_split_min_keys splits the last wave's off into a second launch).
-        int tile_offset;
-        int tile_count;
 #if V5_HOPPER_TRACE
         trace::Buffer* trace = nullptr;   // the diagnostic build's timelines (trace.cuh)
 #endif

@@ -83,8 +83,6 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
         batch,
         scale * float(M_LOG2E),
         1,
-        0,
-        int(int64_t((seq_len + Traits::kBlockM - 1) / Traits::kBlockM) * heads * batch),
     };
 }
 
@@ -174,12 +172,11 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     const cudaError_t configured = configure_once<Traits, kCausal>();
     if (configured != cudaSuccess) return int(configured);
     const int64_t m_blocks = (params.seq_len + Traits::kBlockM - 1) / Traits::kBlockM;
-    const int64_t call_tiles = m_blocks * params.heads * params.batch;
-    const int64_t tiles = kCausal ? call_tiles : params.tile_count;   // this launch's
+    const int64_t tiles = m_blocks * params.heads * params.batch;
     const int64_t sms = sm_count();
     // A CTA's walk index (tile_order.cuh) runs past the last tile by up to the heads plus twice the
     // grid (a paired walk's step) before it stops: all of it must fit an int.
-    if (call_tiles * params.key_splits + int64_t(params.heads) * params.batch + 2 * sms > INT_MAX)
+    if (tiles * params.key_splits + int64_t(params.heads) * params.batch + 2 * sms > INT_MAX)
         return kUnsupported;
     // Persistent grid: one CTA per SM (shared memory and registers allow no second one) walks the
     // tiles, with no per-tile prologue and the short causal tiles packed behind the long ones.
@@ -216,38 +213,6 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     return int(launched != cudaSuccess ? launched : cudaGetLastError());
 }
 
-// The non-causal call's unsplit kernel. Where the tiles leave a last wave of a few tiles on a
-// long key loop (tail_split_min_keys), that wave would hold most SMs idle for a whole tile: its
-// tiles go to a second launch of the split kernel instead, each of its 64-row halves' keys shared
-// by a cluster of 2 or 4 CTAs, and the first launch covers whole waves.
-template <class MainTraits, class SplitTraits, class Element>
-int launch_full(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads, int seq_len,
-                float scale, cudaStream_t stream) {
-    auto params = make_params<MainTraits>(q, k, v, o, batch, heads, seq_len, scale);
-    if constexpr (V5_HOPPER_KEY_SPLIT && V5_HOPPER_TAIL_SPLIT_MIN_KEYS > 0 &&
-                  MainTraits::kBlockM == 2 * SplitTraits::kBlockM) {
-        const int64_t tiles = params.tile_count;
-        const int64_t sms = sm_count();
-        const int64_t tail = sms > 0 ? tiles % sms : 0;
-        // Whole 128-row tiles only, so the halves of the last ones are the split kernel's tiles
-        // 2t and 2t + 1; every rank keeps at least 128 keys (run 34).
-        if (tail > 0 && tiles > sms && seq_len % MainTraits::kBlockM == 0 && seq_len >= V5_HOPPER_TAIL_SPLIT_MIN_KEYS) {
-            const int splits = cluster_splits<SplitTraits, false>(2 * tail, seq_len / 128);
-            if (splits > 1) {
-                params.tile_count = int(tiles - tail);
-                const int status = launch_traits<MainTraits, false>(params, stream);
-                if (status != 0) return status;
-                auto tail_params = make_params<SplitTraits>(q, k, v, o, batch, heads, seq_len, scale);
-                tail_params.key_splits = splits;
-                tail_params.tile_offset = int(2 * (tiles - tail));
-                tail_params.tile_count = int(2 * tail);
-                return launch_traits<SplitTraits, false>(tail_params, stream);
-            }
-        }
-    }
-    return launch_traits<MainTraits, false>(params, stream);
-}
-
 }  // namespace detail
 
 template <class Element, int kHeadDim>
@@ -273,13 +238,13 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
         return detail::launch_traits<CausalTraits, true>(
             detail::make_params<CausalTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
     }
-    using SplitTraits = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, 2, true>;
     if constexpr (V5_HOPPER_KEY_SPLIT) {
         // A split CTA walks a share of one tile's keys: two stages are enough, and leave shared
         // memory for the receive slots at D=128. Its stages may be narrower than the full kernel's
         // (split_block_n): a share then runs as more, smaller steps. The split never gives a CTA
         // fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key stage each cost more
         // than 2 of one 128-key stage on (1,8,256,64), the merge being paid for less work (NOTES.md, run 34).
+        using SplitTraits = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, 2, true>;
         constexpr int kMinShareKeys = 128;
         const int64_t tiles = int64_t((seq_len + SplitTraits::kBlockM - 1) / SplitTraits::kBlockM) * heads * batch;
         const int splits = detail::cluster_splits<SplitTraits, false>(tiles, (seq_len + kMinShareKeys - 1) / kMinShareKeys);
@@ -294,11 +259,12 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
         // (NOTES.md, runs 53-59: with two Q buffers +1.3-2.5% at 1024 and 2048 keys, +1.5-2.5% from 4096).
         using FreeTraits = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, kStages, false, true>;
         if (seq_len >= V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS) {
-            return detail::launch_full<FreeTraits, SplitTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale,
-                                                                 stream);
+            return detail::launch_traits<FreeTraits, false>(
+                detail::make_params<FreeTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
         }
     }
-    return detail::launch_full<FullTraits, SplitTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale, stream);
+    return detail::launch_traits<FullTraits, false>(
+        detail::make_params<FullTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
 }
 
 }  // namespace v5_hopper

@@ -26,8 +26,7 @@ struct TileScheduler {
         return Traits::kSplit ? int(blockIdx.x) / params.key_splits : order().first(int(blockIdx.x));
     }
     __device__ int next(int tile) const { return Traits::kSplit ? INT_MAX : order().next(tile); }
-    // A non-causal launch may cover a range of the call's tiles (Params::tile_offset, tile_count).
-    __device__ bool valid(int tile) const { return kCausal ? order().valid(tile) : tile < params.tile_count; }
+    __device__ bool valid(int tile) const { return order().valid(tile); }
 
     // The key tiles [begin, end) of `keys` (a KeyTiles) this CTA visits: all of them, or in a
     // split its rank's share (the host splits no tile into more shares than it has key tiles).
@@ -42,7 +41,7 @@ struct TileScheduler {
 
     __device__ TileCoord coord(int tile) const {
         int m_block, head_index;
-        order().locate(kCausal ? tile : tile + params.tile_offset, m_block, head_index);
+        order().locate(tile, m_block, head_index);
         return {m_block, head_index % params.heads, head_index / params.heads};
     }
 };

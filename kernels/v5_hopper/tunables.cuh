@@ -105,10 +105,6 @@
 #ifndef V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS
 #error "V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS undefined: the build passes it from variant.yaml (tunables.free_issue_d128_min_keys)"
 #endif
-// non-causal, from this many keys (0: never): a last wave of a few tiles goes to the split kernel
-#ifndef V5_HOPPER_TAIL_SPLIT_MIN_KEYS
-#error "V5_HOPPER_TAIL_SPLIT_MIN_KEYS undefined: the build passes it from variant.yaml (tunables.tail_split_min_keys)"
-#endif
 // launch with programmatic dependent launch
 #ifndef V5_HOPPER_PDL
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
