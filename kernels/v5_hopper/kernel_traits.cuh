@@ -68,31 +68,11 @@ struct KernelTraits {
     static_assert(kMaxChains == 1 || kMaxChains == 4, "row maximum chains: 1 or 4");
     static constexpr int kSumChains = V5_HOPPER_SUM_CHAINS;
     static_assert(kSumChains == 1 || kSumChains == 4, "tile sum chains: 1 or 4");
-    // Q buffers: with two, the Q thread loads the next query tile's Q while this one's is in use.
-    // A free-issue kernel has two wherever they fit: its groups reach a tile's first Q K^T together,
-    // and with one buffer that Q's load starts only after the previous tile's last Q K^T (two
-    // measured 0.6-1.7% faster from 4096 keys, NOTES.md, run 56). They fit beside two 128-key
-    // stages and the O slabs (224 KB at D=128), not beside three stages or 176-key ones.
-    static constexpr bool kTwoQFit =
-        (2 * kBlockM * kHeadDim + 2 * kStages * kBlockN * kHeadDim + (V5_HOPPER_TMA_EPILOGUE ? kBlockM * kHeadDim : 0)) *
-                sizeof(Element_) + 2048 <= 227 * 1024;
-    // At D=64 two measured 1-7% faster in the ping-pong kernels, most on short key loops (run 62).
-    static constexpr int kQBuffers = kSplit                  ? 1
-                                     : kFreeIssue && kTwoQFit ? 2
-                                     : kHeadDim == 64         ? V5_HOPPER_Q_BUFFERS_D64
-                                                              : V5_HOPPER_Q_BUFFERS;
-    static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q buffers");
-    // The Q buffer of a CTA's tile_count-th query tile, and how often that buffer served before:
-    // the Q thread waits for use - 1 to be released, the consumers for use to land (phase use & 1).
-    struct QSlot {
-        int buffer;
-        int use;
-    };
-    static __device__ QSlot q_slot(int tile_count) { return {tile_count % kQBuffers, tile_count / kQBuffers}; }
     // 128-byte swizzled tiles: the layout wgmma descriptors and TMA boxes both accept, and the
     // one that keeps wgmma's shared-memory reads free of bank conflicts.
-    using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                               Shape<Int<kBlockM>, Int<kHeadDim>, Int<kQBuffers>>{}));
+    template <int kBuffers>
+    using SmemLayoutQFor = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                                  Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBuffers>>{}));
     using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
                                                Shape<Int<kBlockN>, Int<kHeadDim>, Int<kStages>>{}));
     using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
@@ -108,7 +88,7 @@ struct KernelTraits {
     using TmaQ = decltype(make_tma_copy(
         SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
-        take<0, 2>(SmemLayoutQ{}), select<0, 2>(TileShapeQK{}), _1{}));
+        take<0, 2>(SmemLayoutQFor<1>{}), select<0, 2>(TileShapeQK{}), _1{}));
     using TmaK = decltype(make_tma_copy(
         SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
@@ -133,7 +113,7 @@ struct KernelTraits {
         GMMA::rs_op_selector<Element, Element, ElementAccum, Shape<_64, Int<kHeadDim>, Int<kBlockN>>,
                              GMMA::Major::K, GMMA::Major::MN>()));
 
-    static constexpr uint32_t kTmaBytesQ = sizeof(Element) * size(take<0, 2>(SmemLayoutQ{}));
+    static constexpr uint32_t kTmaBytesQ = sizeof(Element) * size(SmemLayoutQFor<1>{});
     static constexpr uint32_t kTmaBytesK = sizeof(Element) * size(take<0, 2>(SmemLayoutK{}));
     static constexpr uint32_t kTmaBytesV = sizeof(Element) * size(take<0, 2>(SmemLayoutVt{}));
 
@@ -154,22 +134,46 @@ struct KernelTraits {
     using BarrierQEmpty = cutlass::arch::ClusterBarrier;          // consumers release Q on it
     using PipelineState = typename Pipeline::PipelineState;
 
-    struct SharedStorage {
+    // The CTA's shared memory with kBuffers Q buffers (kQBuffers below).
+    template <int kBuffers>
+    struct SharedStorageFor {
         // 1024-byte alignment: the period of the 128-byte swizzle pattern.
-        cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+        cute::array_aligned<Element, cute::cosize_v<SmemLayoutQFor<kBuffers>>, 1024> q;
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> k;
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutVt>, 1024> v;
         cute::array_aligned<Element, kTmaEpilogue ? cute::cosize_v<SmemLayoutO> : 1, 1024> o;
         typename Pipeline::SharedStorage pipeline_k;
         typename Pipeline::SharedStorage pipeline_v;
-        typename BarrierQ::ValueType barrier_q[kQBuffers];              // Q landed (TMA bytes)
-        typename BarrierQEmpty::ValueType barrier_q_empty[kQBuffers];   // Q read by every consumer
+        typename BarrierQ::ValueType barrier_q[kBuffers];              // Q landed (TMA bytes)
+        typename BarrierQEmpty::ValueType barrier_q_empty[kBuffers];   // Q read by every consumer
         cute::array_aligned<char, kSplit ? kReceiveSlots * kWarpStateBytes : 16, 16> receive;
         uint64_t receive_barrier[kSplit ? kMostOwnedWarps : 1];           // an owned warp's slots filled
 #if V5_HOPPER_TRACE
         trace::Row trace_row;   // the diagnostic build's probes, copied out at the CTA's end
 #endif
     };
+    // Q buffers: with two, the Q thread loads the next query tile's Q while this one's is in use.
+    // A free-issue kernel has two wherever they fit: its groups reach a tile's first Q K^T together,
+    // and with one buffer that Q's load starts only after the previous tile's last Q K^T (two
+    // measured 0.6-1.7% faster from 4096 keys, NOTES.md, run 56). They fit beside two 128-key
+    // stages and the O slabs (224 KB at D=128), not beside three stages or 176-key ones: kTwoQFit
+    // asks the storage itself.
+    static constexpr bool kTwoQFit = sizeof(SharedStorageFor<2>) <= 227 * 1024;
+    // At D=64 two measured 1-7% faster in the ping-pong kernels, most on short key loops (run 62).
+    static constexpr int kQBuffers = kSplit                  ? 1
+                                     : kFreeIssue && kTwoQFit ? 2
+                                     : kHeadDim == 64         ? V5_HOPPER_Q_BUFFERS_D64
+                                                              : V5_HOPPER_Q_BUFFERS;
+    static_assert(kQBuffers == 1 || kQBuffers == 2, "one or two Q buffers");
+    // The Q buffer of a CTA's tile_count-th query tile, and how often that buffer served before:
+    // the Q thread waits for use - 1 to be released, the consumers for use to land (phase use & 1).
+    struct QSlot {
+        int buffer;
+        int use;
+    };
+    static __device__ QSlot q_slot(int tile_count) { return {tile_count % kQBuffers, tile_count / kQBuffers}; }
+    using SmemLayoutQ = SmemLayoutQFor<kQBuffers>;
+    using SharedStorage = SharedStorageFor<kQBuffers>;
     static constexpr int kSmemBytes = sizeof(SharedStorage);
     static_assert(kSmemBytes <= 227 * 1024,
                   "an H100 CTA has at most 227 KB of shared memory (tma_epilogue=1 and stages=3 at D=128 exceed it)");
