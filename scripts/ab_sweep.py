@@ -13,7 +13,7 @@ listed), then times every configuration that passed and SDPA's default backend i
 process with the bench stage's timing code. Every ratio comes from one run on one card.
 
     python3 scripts/ab_sweep.py --variant v5_hopper --out $OUT/sweep.json --suite large --tier quick \\
-        --config default --config stages3 --set stages=3 --set stages_d64=3
+        --config default --config stages3 --set stages=3 --set tma_epilogue=0 --set q_buffers=1
     python3 scripts/ab_sweep.py --variant v4_pipelined --compare v3_mma --out $OUT/sweep.json --dtypes fp16 \\
         --only causal --config default --config stages2 --set stages=2
 

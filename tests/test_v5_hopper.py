@@ -173,7 +173,8 @@ def test_cutes_extended_wgmma_shapes_only_for_176_key_tiles():
     assert not any(EXTENDED in flag for flag in variant.meta["build"]["nvcc_flags"])
     assert EXTENDED not in defined_macros(variant, tunables_lib.resolve(variant))
     assert EXTENDED in defined_macros(variant, tunables_lib.resolve(variant, {"block_n_d128_full": 176,
-                                                                             "tma_epilogue": 0, "key_split": 0}))
+                                                                             "tma_epilogue": 0, "key_split": 0,
+                                                                             "q_buffers": 1}))
 
 
 def test_176_key_tiles_get_one_64x176_wgmma(tmp_path):
@@ -184,7 +185,8 @@ def test_176_key_tiles_get_one_64x176_wgmma(tmp_path):
 
     needs_toolchain()
     variant = v5_variant()
-    values = tunables_lib.resolve(variant, {"block_n_d128_full": 176, "tma_epilogue": 0, "key_split": 0})
+    values = tunables_lib.resolve(variant, {"block_n_d128_full": 176, "tma_epilogue": 0, "key_split": 0,
+                                            "q_buffers": 1})
     flags, includes = compile_inputs(variant, values)
     obj = tmp_path / "inst_fp16_d128.o"
     argv = nvcc_lib.object_command(shutil.which("nvcc"), str(variant.folder / "inst_fp16_d128.cu"), str(obj),

@@ -207,7 +207,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
-        OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains> softmax(params.scale_log2);
+        OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains, Traits::kLazyRescale> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
         if (turn.is_last()) turn.pass();   // group 0 issues first
@@ -251,7 +251,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             warpgroup_fence_operand(tOrO);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
             // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
-            if (!V5_HOPPER_LAZY_RESCALE || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
+            if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
             tOrP = convert_to_a_operand<Element>(tSrS);
             read_v = read_k;
             ++read_k;

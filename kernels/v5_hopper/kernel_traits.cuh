@@ -68,6 +68,11 @@ struct KernelTraits {
     static_assert(kMaxChains == 1 || kMaxChains == 4, "row maximum chains: 1 or 4");
     static constexpr int kSumChains = V5_HOPPER_SUM_CHAINS;
     static_assert(kSumChains == 1 || kSumChains == 4, "tile sum chains: 1 or 4");
+    // Lazy rescaling: 1 in every kernel, 2 in the free-issue kernel only. There it skips O's rescale
+    // on the path from P V's wait to the next issue (3-4.6% on the H100); in the ping-pong and D=64
+    // kernels it measured 2-7% slower (NOTES.md, run 67).
+    static_assert(V5_HOPPER_LAZY_RESCALE >= 0 && V5_HOPPER_LAZY_RESCALE <= 2, "lazy_rescale: 0, 1 or 2");
+    static constexpr bool kLazyRescale = V5_HOPPER_LAZY_RESCALE == 1 || (V5_HOPPER_LAZY_RESCALE == 2 && kFreeIssue);
     // 128-byte swizzled tiles: the layout wgmma descriptors and TMA boxes both accept, and the
     // one that keeps wgmma's shared-memory reads free of bank conflicts.
     template <int kBuffers>
@@ -159,7 +164,8 @@ struct KernelTraits {
     // stages and the O slabs (224 KB at D=128), not beside three stages or 176-key ones: kTwoQFit
     // asks the storage itself.
     static constexpr bool kTwoQFit = sizeof(SharedStorageFor<2>) <= 227 * 1024;
-    // At D=64 two measured 1-7% faster in the ping-pong kernels, most on short key loops (run 62).
+    // In the ping-pong kernels two measured 1-7% faster at D=64 (run 62) and 3.4-5.5% on the short
+    // D=128 non-causal loops of persistent grids (run 67), most where a tile's key loop is short.
     static constexpr int kQBuffers = kSplit                  ? 1
                                      : kFreeIssue && kTwoQFit ? 2
                                      : kHeadDim == 64         ? V5_HOPPER_Q_BUFFERS_D64

@@ -35,8 +35,8 @@ __device__ __forceinline__ float quad_sum(float x) {
 }
 
 // kMaxChains, kSumChains: independent FMNMX chains per row maximum and FADD chains per tile sum
-// (1 or 4 each; tunables, the first per head dim).
-template <int kRows, int kMaxChains, int kSumChains>
+// (1 or 4 each; tunables, the first per head dim). kLazy: lazy rescaling (below; lazy_rescale).
+template <int kRows, int kMaxChains, int kSumChains, bool kLazy>
 struct OnlineSoftmax {
     static constexpr int kRowsPerThread = kRows;
     float row_max[kRows];   // running maximum score of each row (unscaled), -inf before any key
@@ -64,12 +64,12 @@ struct OnlineSoftmax {
     template <bool kFirstTile, class ScoresRowCol>
     __device__ bool update(ScoresRowCol& s, float (&o_scale)[kRows]) {
         static_assert(decltype(size<0>(s))::value == kRows);
-        bool rescaled = !V5_HOPPER_LAZY_RESCALE;
+        bool rescaled = !kLazy;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
             float m = quad_max(row_max_of<kFirstTile>(s, r, row_max[r]));
             bool kept = false;   // the running maximum stands: scale exactly 1 (an FFMA would leave its rounding)
-            if constexpr (V5_HOPPER_LAZY_RESCALE && !kFirstTile) {
+            if constexpr (kLazy && !kFirstTile) {
                 // Both -inf (a row that met only masked keys): NaN compares false, the row stays -inf.
                 if ((m - row_max[r]) * scale_log2 > kLazyThresholdLog2) {
                     rescaled = true;
