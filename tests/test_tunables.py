@@ -163,7 +163,7 @@ def test_v5_defaults_are_the_ones_tunables_cuh_held():
                             "pingpong_full": 1, "q_buffers": 2, "q_buffers_d64": 2,
                             "lazy_rescale": 2, "max_chains": 4, "max_chains_d64": 1,
                             "sum_chains": 1, "key_split": 1, "split_block_m": 64, "split_block_n": 64, "split_ctas_per_sm": 2, "pdl": 2,
-                            "causal_order": 3, "free_issue_d128_min_keys": 1024}
+                            "causal_order": 3, "free_issue_d128_min_keys": 1024, "kv_producers": 1}
 
 
 def test_v4_defaults_are_the_ones_its_header_held():

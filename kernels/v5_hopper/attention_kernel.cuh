@@ -2,8 +2,9 @@
 // computes 128- (or 192-) row query tiles.
 //
 //   warp group 0 (producer, 40 registers): one thread issues the TMA loads of K and V tile by
-//     tile into two rings of kStages stages, each stage completing on an mbarrier; a thread of
-//     another warp loads each query tile's Q (into one of kQBuffers buffers).
+//     tile into two rings of kStages stages, each stage completing on an mbarrier (with
+//     kv_producers 2, one thread the K ring and another the V ring); a thread of another warp
+//     loads each query tile's Q (into one of kQBuffers buffers).
 //   warp groups 1, 2 (consumers, 240 registers): 64 query rows each. Per key tile n:
 //     S = Q K_n^T (wgmma, both operands in shared memory), mask, online softmax,
 //     O += P V_n (wgmma, P from registers). The product of tile n is issued together with the
@@ -95,8 +96,13 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
     }
 }
 
-// The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings.
-template <class Traits, bool kCausal>
+// Which rings one loading thread fills: K and V key tile by key tile, or one of the two (kv_producers).
+enum class Rings { kBoth, kK, kV };
+
+// The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings. With
+// Traits::kSeparateV it fills the K ring alone and a thread of warp 2 the V ring, so a K load never
+// waits behind the release of a V stage, which comes a step later.
+template <class Traits, bool kCausal, Rings kRings>
 __device__ void produce_kv(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                            typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
                            trace::Probe probe) {
@@ -125,23 +131,30 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
         if (first_load) probe.mark(trace::kKvScheduled);
         for (int n = span.end - 1; n >= span.begin; --n) {
-            pipeline_k.producer_acquire(write);
-            if (first_load) {
-                probe.mark(trace::kKAcquired);
-                if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
-                probe.mark(trace::kPastWait);
+            if constexpr (kRings != Rings::kV) {
+                pipeline_k.producer_acquire(write);
+                if (first_load) {
+                    probe.mark(trace::kKAcquired);
+                    if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
+                    probe.mark(trace::kPastWait);
+                }
+                copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
             }
-            copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
-            pipeline_v.producer_acquire(write);
-            copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
+            if constexpr (kRings != Rings::kK) {
+                pipeline_v.producer_acquire(write);
+                if constexpr (kRings == Rings::kV && kPdlKernel<Traits>) {
+                    if (first_load) evo_sm90::wait_for_previous_grid();
+                }
+                copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
+            }
             ++write;
             if (first_load) probe.mark(trace::kKvIssued);
             first_load = false;
         }
     }
     // Do not leave while a consumer may still wait on a stage this thread filled.
-    pipeline_k.producer_tail(write);
-    pipeline_v.producer_tail(write);
+    if constexpr (kRings != Rings::kV) pipeline_k.producer_tail(write);
+    if constexpr (kRings != Rings::kK) pipeline_v.producer_tail(write);
 }
 
 // A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
@@ -367,9 +380,16 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                 Shape<_1, _1, _1>{}, cute::false_type{});
             Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(true, true, Traits::kTmaBytesV),
                                 Shape<_1, _1, _1>{}, cute::false_type{});
-            produce_kv<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, probe);
+            produce_kv<Traits, kCausal, Traits::kSeparateV ? Rings::kK : Rings::kBoth>(params, shared, pipeline_k,
+                                                                                        pipeline_v, probe);
         } else if (warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
+        } else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
+            Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
+                                Shape<_1, _1, _1>{}, cute::false_type{});
+            Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(true, true, Traits::kTmaBytesV),
+                                Shape<_1, _1, _1>{}, cute::false_type{});
+            produce_kv<Traits, kCausal, Rings::kV>(params, shared, pipeline_k, pipeline_v, trace::Probe{});
         }
     } else {
         cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();

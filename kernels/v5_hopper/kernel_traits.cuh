@@ -35,6 +35,10 @@ struct KernelTraits {
     static constexpr bool kSplit = kSplit_;
     static constexpr bool kFreeIssue = kFreeIssue_;
     static_assert(!(kSplit && kFreeIssue), "a split CTA has one consumer warp group: nothing to take turns with");
+    // kv_producers 2: the K ring and the V ring each have a loading thread of their own (not in the
+    // split kernels, whose start-of-call burst is tuned as one thread issues it: NOTES.md, run 44).
+    static_assert(V5_HOPPER_KV_PRODUCERS == 1 || V5_HOPPER_KV_PRODUCERS == 2, "kv_producers: 1 or 2");
+    static constexpr bool kSeparateV = V5_HOPPER_KV_PRODUCERS == 2 && !kSplit;
     static constexpr int kConsumerWarpGroups = kBlockM / 64;
     static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
     static constexpr int kThreads = kConsumerThreads + cutlass::NumThreadsPerWarpGroup;  // + the producer

@@ -106,6 +106,10 @@
 #ifndef V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS
 #error "V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS undefined: the build passes it from variant.yaml (tunables.free_issue_d128_min_keys)"
 #endif
+// loading threads of K and V: 1 (one thread, K then V per key tile) or 2 (one per ring)
+#ifndef V5_HOPPER_KV_PRODUCERS
+#error "V5_HOPPER_KV_PRODUCERS undefined: the build passes it from variant.yaml (tunables.kv_producers)"
+#endif
 // launch with programmatic dependent launch
 #ifndef V5_HOPPER_PDL
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
