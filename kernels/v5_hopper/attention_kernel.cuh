@@ -247,81 +247,35 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         auto read_v = read_k;
         ++read_k;
 
-#ifndef V5_DEV_TWO_P
-#define V5_DEV_TWO_P 0
-#endif
-        if constexpr (Traits::kFreeIssue && V5_DEV_TWO_P) {
-            // Two P register sets: a step converts its P into the set that P V is not reading, before
-            // P V's wait, so the path from that wait to the next issue holds no conversion.
-            Tensor tOrP_alt = make_tensor<Element>(tOrP.layout());
-            auto step = [&](int key_tile, auto& p_issue, auto& p_next) {
-                pipeline_k.consumer_wait(read_k);
-                pipeline_v.consumer_wait(read_v);
-                warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
-                warpgroup_gemm<false>(mma_pv, p_issue, tOrV(_, _, _, read_v.index()), tOrO);
-                warpgroup_wait<1>();
-                warpgroup_fence_operand(tSrS);
-                release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-                if (keys.needs_mask(key_tile)) keys.apply(s_rc, coord_rc, key_tile);
-                const bool rescaled = softmax.template update<false>(s_rc, o_scale);
-                convert_pairs(tSrS, p_next);
-                // ptxas sank the conversions below P V's wait (a volatile fence keeps them above it).
-                warpgroup_fence_operand(p_next);
-                end_block_after(softmax.row_sum[kRows - 1]);
-                warpgroup_wait<0>();
-                warpgroup_fence_operand(tOrO);
-                release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-                if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
-                read_v = read_k;
-                ++read_k;
-            };
-            bool last_in_alt = false;
-            for (--n; n >= span.begin; --n) {
-                step(n, tOrP, tOrP_alt);
-                if (--n < span.begin) {
-                    last_in_alt = true;
-                    break;
-                }
-                step(n, tOrP_alt, tOrP);
-            }
-            BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
-            pipeline_v.consumer_wait(read_v);
-            if (last_in_alt) {
-                warpgroup_gemm<false>(mma_pv, tOrP_alt, tOrV(_, _, _, read_v.index()), tOrO);
-            } else {
-                warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-            }
-        } else {
-            for (--n; n >= span.begin; --n) {
-                pipeline_k.consumer_wait(read_k);
-                pipeline_v.consumer_wait(read_v);
-                turn.wait();
-                warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
-                warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-                turn.pass();
-                warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
-                warpgroup_fence_operand(tSrS);
-                release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-                if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-                const bool rescaled = softmax.template update<false>(s_rc, o_scale);
-                if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
-                warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
-                warpgroup_fence_operand(tOrO);
-                release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-                // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
-                if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
-                tOrP = convert_to_a_operand<Element>(tSrS);
-                read_v = read_k;
-                ++read_k;
-            }
-            // Every Q K^T of this query tile has completed: the producer may load the next Q.
-            BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
-
-            // Last P V.
+        for (--n; n >= span.begin; --n) {
+            pipeline_k.consumer_wait(read_k);
             pipeline_v.consumer_wait(read_v);
             turn.wait();
+            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+            turn.pass();
+            warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
+            warpgroup_fence_operand(tSrS);
+            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+            const bool rescaled = softmax.template update<false>(s_rc, o_scale);
+            if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
+            warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
+            warpgroup_fence_operand(tOrO);
+            release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
+            // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
+            if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
+            tOrP = convert_to_a_operand<Element>(tSrS);
+            read_v = read_k;
+            ++read_k;
         }
+        // Every Q K^T of this query tile has completed: the producer may load the next Q.
+        BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
+
+        // Last P V.
+        pipeline_v.consumer_wait(read_v);
+        turn.wait();
+        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         if (!turn.is_last()) turn.pass();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
