@@ -220,8 +220,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
-        OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains, Traits::kLazyRescale, Traits::kPolyExp2Every>
-            softmax(params.scale_log2);
+        OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains, Traits::kLazyRescale> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
         if (turn.is_last()) turn.pass();   // group 0 issues first

@@ -77,10 +77,6 @@ struct KernelTraits {
     // kernels it measured 2-7% slower (NOTES.md, run 67).
     static_assert(V5_HOPPER_LAZY_RESCALE >= 0 && V5_HOPPER_LAZY_RESCALE <= 2, "lazy_rescale: 0, 1 or 2");
     static constexpr bool kLazyRescale = V5_HOPPER_LAZY_RESCALE == 1 || (V5_HOPPER_LAZY_RESCALE == 2 && kFreeIssue);
-#ifndef V5_DEV_POLY_EXP2
-#define V5_DEV_POLY_EXP2 0
-#endif
-    static constexpr int kPolyExp2Every = kFreeIssue ? V5_DEV_POLY_EXP2 : 0;
     // 128-byte swizzled tiles: the layout wgmma descriptors and TMA boxes both accept, and the
     // one that keeps wgmma's shared-memory reads free of bank conflicts.
     template <int kBuffers>

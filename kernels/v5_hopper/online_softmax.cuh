@@ -24,17 +24,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
 #endif
 }
 
-// exp2 on the FMA pipe: 2^floor(x) goes into the exponent field, 2^frac(x) is a degree-3
-// polynomial (relative error 1.4e-4 over [-126, 8], far under a 16-bit P's rounding). Below -126
-// (a masked score) it returns 2^-126 rather than 0.
-__device__ __forceinline__ float exp2_fma(float x) {
-    x = fmaxf(x, -126.f);
-    const float t = __fadd_rd(x, 12582912.f);   // 1.5 * 2^23 + floor(x): floor(x) in the low mantissa bits
-    const float f = x - (t - 12582912.f);       // frac(x), in [0, 1)
-    const float p = fmaf(fmaf(fmaf(0.07803769f, f, 0.22608059f), f, 0.69581068f), f, 0.999929f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(t) << 23));
-}
-
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
@@ -47,7 +36,7 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // kMaxChains, kSumChains: independent FMNMX chains per row maximum and FADD chains per tile sum
 // (1 or 4 each; tunables, the first per head dim). kLazy: lazy rescaling (below; lazy_rescale).
-template <int kRows, int kMaxChains, int kSumChains, bool kLazy, int kPolyEvery = 0>
+template <int kRows, int kMaxChains, int kSumChains, bool kLazy>
 struct OnlineSoftmax {
     static constexpr int kRowsPerThread = kRows;
     float row_max[kRows];   // running maximum score of each row (unscaled), -inf before any key
@@ -67,8 +56,6 @@ struct OnlineSoftmax {
     // reach at most 2^8, far inside fp16's and bf16's range, and the final 1/sum uses the same
     // maximum as every term, so the result is the same softmax.
     static constexpr float kLazyThresholdLog2 = 8.f;
-    // exp2_fma takes the last column of every kPolyEvery (none when 0).
-    static constexpr int kPolyStride = kPolyEvery > 0 ? kPolyEvery : 1;
 
     // One key tile: (1) the new running maximum of each row, (2) the factor that rescales what was
     // accumulated against the old maximum (returned in o_scale, for the O rows), (3) the scores
@@ -104,8 +91,7 @@ struct OnlineSoftmax {
             for (int j = 0; j < kSums; ++j) sums[j] = 0.f;
             CUTLASS_PRAGMA_UNROLL
             for (int c = 0; c < kCols; ++c) {
-                const float x = fmaf(s(r, c), scale_log2, -m_scaled);
-                s(r, c) = kPolyEvery > 0 && c % kPolyStride == kPolyStride - 1 ? exp2_fma(x) : exp2_approx(x);
+                s(r, c) = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
                 sums[c % kSums] += s(r, c);
             }
             float tile_sum = sums[0];
