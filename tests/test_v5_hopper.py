@@ -198,6 +198,49 @@ def test_176_key_tiles_get_one_64x176_wgmma(tmp_path):
     assert any(m.startswith("HGMMA.64x176x16") for m in shapes), shapes
 
 
+TRAITS_PROGRAM = r"""
+#include "kernel_traits.cuh"
+using Element = cutlass::half_t;
+using FreeIssue = v5_hopper::KernelTraits<Element, 128, 128, 128, 2, false, true>;
+using PingPong = v5_hopper::KernelTraits<Element, 128, 128, 128, 2, false, false>;
+using PingPong64 = v5_hopper::KernelTraits<Element, 64, 128, 128, 2, false, false>;
+using Split = v5_hopper::KernelTraits<Element, 128, 64, 64, 2, true, false>;
+static_assert(FreeIssue::kLazyRescale == EXPECT_FREE_LAZY, "free-issue kernel: lazy rescaling");
+static_assert(PingPong::kLazyRescale == EXPECT_OTHER_LAZY, "D=128 ping-pong kernel: lazy rescaling");
+static_assert(PingPong64::kLazyRescale == EXPECT_OTHER_LAZY, "D=64 ping-pong kernel: lazy rescaling");
+static_assert(PingPong::kSeparateV == EXPECT_SEPARATE_V, "unsplit kernel: a loading thread per ring");
+static_assert(!Split::kSeparateV, "a split kernel keeps one loading thread");
+static_assert(PingPong::kQBuffers == EXPECT_Q_BUFFERS, "D=128 ping-pong kernel: Q buffers");
+static_assert(FreeIssue::kQBuffers == 2, "free-issue kernel: two Q buffers where they fit");
+"""
+
+
+@pytest.mark.parametrize("overrides, free_lazy, other_lazy, separate_v, q_buffers", [
+    ({}, 1, 0, 0, 2),                                           # the defaults (NOTES.md, runs 67-72)
+    ({"lazy_rescale": 1, "kv_producers": 2, "q_buffers": 1}, 1, 1, 1, 1),
+    ({"lazy_rescale": 0}, 0, 0, 0, 2),
+])
+def test_per_kernel_knobs_reach_the_kernels_they_name(tmp_path, overrides, free_lazy, other_lazy, separate_v,
+                                                      q_buffers):
+    """lazy_rescale 2 rescales lazily in the free-issue kernel only (the ping-pong and D=64 kernels
+    measured 2-7% slower with it, NOTES.md run 67); kv_producers never reaches a split kernel;
+    q_buffers sets the D=128 ping-pong kernels' Q buffers. The traits are compiled and asserted."""
+    from evo_sdpa import tunables as tunables_lib
+    from evo_sdpa.build import compile_inputs
+
+    needs_toolchain()
+    variant = v5_variant()
+    flags, includes = compile_inputs(variant, tunables_lib.resolve(variant, overrides))
+    source = tmp_path / "traits.cu"
+    source.write_text(TRAITS_PROGRAM)
+    expect = [f"-DEXPECT_FREE_LAZY={free_lazy}", f"-DEXPECT_OTHER_LAZY={other_lazy}",
+              f"-DEXPECT_SEPARATE_V={separate_v}", f"-DEXPECT_Q_BUFFERS={q_buffers}"]
+    argv = [shutil.which("nvcc"), *flags, *expect, *(f"-I{d}" for d in includes), "-arch=sm_90a",
+            "-c", str(source), "-o", str(tmp_path / "traits.o")]
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 WALK_PROGRAM = r"""
 #include <cstdio>
 #include <cstdlib>

@@ -73,7 +73,7 @@ struct KernelTraits {
     static constexpr int kSumChains = V5_HOPPER_SUM_CHAINS;
     static_assert(kSumChains == 1 || kSumChains == 4, "tile sum chains: 1 or 4");
     // Lazy rescaling: 1 in every kernel, 2 in the free-issue kernel only. There it skips O's rescale
-    // on the path from P V's wait to the next issue (3-4.6% on the H100); in the ping-pong and D=64
+    // on the path from P V's wait to the next issue (2.8-4.6% on the H100); in the ping-pong and D=64
     // kernels it measured 2-7% slower (NOTES.md, run 67).
     static_assert(V5_HOPPER_LAZY_RESCALE >= 0 && V5_HOPPER_LAZY_RESCALE <= 2, "lazy_rescale: 0, 1 or 2");
     static constexpr bool kLazyRescale = V5_HOPPER_LAZY_RESCALE == 1 || (V5_HOPPER_LAZY_RESCALE == 2 && kFreeIssue);
