@@ -225,7 +225,7 @@ def test_per_kernel_knobs_reach_the_kernels_they_name(tmp_path, overrides, free_
     """lazy_rescale 2 rescales lazily in the free-issue kernel only (the ping-pong and D=64 kernels
     measured 2-7% slower with it, NOTES.md run 67); kv_producers never reaches a split kernel;
     q_buffers sets the D=128 ping-pong kernels' Q buffers. The traits are compiled and asserted."""
-    from evo_sdpa import tunables as tunables_lib
+    from evo_sdpa import nvcc as nvcc_lib, tunables as tunables_lib
     from evo_sdpa.build import compile_inputs
 
     needs_toolchain()
@@ -235,8 +235,8 @@ def test_per_kernel_knobs_reach_the_kernels_they_name(tmp_path, overrides, free_
     source.write_text(TRAITS_PROGRAM)
     expect = [f"-DEXPECT_FREE_LAZY={free_lazy}", f"-DEXPECT_OTHER_LAZY={other_lazy}",
               f"-DEXPECT_SEPARATE_V={separate_v}", f"-DEXPECT_Q_BUFFERS={q_buffers}"]
-    argv = [shutil.which("nvcc"), *flags, *expect, *(f"-I{d}" for d in includes), "-arch=sm_90a",
-            "-c", str(source), "-o", str(tmp_path / "traits.o")]
+    argv = nvcc_lib.object_command(shutil.which("nvcc"), str(source), str(tmp_path / "traits.o"),
+                                   nvcc_lib.arch_gencode("9.0"), flags + expect, includes)
     proc = subprocess.run(argv, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
 
