@@ -318,3 +318,61 @@ def test_paired_order_keeps_rank_order_below_a_persistent_grid(tile_walk):
     """One CTA per tile (1,8,4096,128 causal: 256 tiles): order 3 is order 1, every head's longest first."""
     assert tile_walk(32, 8, 256, 3) == tile_walk(32, 8, 256, 1)
     assert [tiles[0] for _, tiles in sorted(tile_walk(32, 8, 256, 3).items())][:8] == [(31, h) for h in range(8)]
+
+
+PLAN_PROGRAM = r"""
+#include <cstdio>
+#include <cstdlib>
+#include "tail_split.cuh"
+int main(int argc, char** argv) {
+    const int heads_total = std::atoi(argv[1]), seq_len = std::atoi(argv[2]), sms = std::atoi(argv[3]);
+    const int m_blocks = (seq_len + 127) / 128, split_m_blocks = (seq_len + 63) / 64, shares = (seq_len + 127) / 128;
+    // cluster_splits on a device of `sms` SMs holding two 64-row split CTAs each, every cluster resident
+    const auto splits_for = [&](long long tiles) {
+        for (int splits = 4; splits >= 2; splits /= 2)
+            if (splits <= shares && tiles * splits <= 2LL * sms) return splits;
+        return 1;
+    };
+    const v5_hopper::TailPlan plan = v5_hopper::plan_tail(heads_total, m_blocks, 128, split_m_blocks, 64, sms, splits_for);
+    std::printf("%d %d\n", plan.heads, plan.splits);
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def tail_plan(tmp_path_factory):
+    """tail_split.cuh's plan for (heads x batch, keys, SMs), compiled for the host: (heads, splits)."""
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    folder = tmp_path_factory.mktemp("tail_split")
+    (folder / "plan.cpp").write_text(PLAN_PROGRAM)
+    binary = folder / "plan"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{v5_variant().folder}", str(folder / "plan.cpp"),
+                    "-o", str(binary)], check=True, capture_output=True, text=True)
+
+    def plan(heads_total: int, seq_len: int, sms: int = 132) -> tuple[int, int]:
+        out = subprocess.run([str(binary), str(heads_total), str(seq_len), str(sms)],
+                             check=True, capture_output=True, text=True).stdout
+        heads, splits = map(int, out.split())
+        return heads, splits
+    return plan
+
+
+@pytest.mark.parametrize("B,H,S,expected", [
+    (16, 16, 4096, (1, 4)),   # 8192 tiles: 62 rounds and 8 tiles -> 8160 tiles and one head's 64 halves x 4
+    (1, 17, 4096, (1, 4)),    # 544 tiles: 5 rounds -> 4, and a quarter round of split CTAs
+    (1, 50, 1024, (1, 4)),    # 400 tiles: 4 rounds -> 3, and 16 halves x 4
+    (1, 17, 8192, (0, 1)),    # 1088 -> 1024 tiles saves a round but one head's 128 halves x 2 cost half of one
+    (8, 16, 1024, (0, 1)),    # 1024 tiles: 8 rounds; 7 need 13 heads, whose halves fit no cluster of 2
+    (2, 16, 8192, (0, 1)),    # 2048 tiles: 16 rounds; 15 need 2 heads' 256 halves, 128 CTAs short of a cluster of 2
+    (1, 132, 1024, (0, 1)),   # whole rounds: nothing to save
+    (1, 100, 1024, (1, 4)),   # 800 tiles: 6 rounds and 8 -> 792, and 16 halves x 4 on 64 SMs
+    (1, 99, 1024, (0, 1)),    # 792 tiles: 6 whole rounds
+])
+def test_tail_split_plans_the_last_round(tail_plan, B, H, S, expected):
+    assert tail_plan(B * H, S) == expected
+
+
+def test_tail_split_needs_more_tiles_than_sms(tail_plan):
+    assert tail_plan(16, 1024) == (0, 1)   # 128 tiles on 132 SMs: one round, nothing idles for a second
+    assert tail_plan(256, 4096, sms=0) == (0, 1)   # the SM count could not be read

@@ -14,6 +14,7 @@
 #include "attention_kernel.cuh"
 #include "evo_sdpa_abi.h"
 #include "kernel_traits.cuh"
+#include "tail_split.cuh"
 
 namespace v5_hopper {
 
@@ -213,18 +214,89 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     return int(launched != cudaSuccess ? launched : cudaGetLastError());
 }
 
+// The kernels of one (dtype, head dim). Tile shapes per (head dim, causal): NOTES.md, runs 2-3.
+template <class Element, int kHeadDim>
+struct Kernels {
+    static constexpr int kBlockMFull = kHeadDim == 64 ? V5_HOPPER_BLOCK_M_D64_FULL : 128;
+    static constexpr int kBlockMCausal = kHeadDim == 64 ? V5_HOPPER_BLOCK_M_D64_CAUSAL : 128;
+    static constexpr int kBlockNFull = kHeadDim == 128 ? V5_HOPPER_BLOCK_N_D128_FULL : V5_HOPPER_BLOCK_N;
+    static constexpr int kStages = kHeadDim == 64 ? V5_HOPPER_STAGES_D64 : V5_HOPPER_STAGES;
+    using Causal = KernelTraits<Element, kHeadDim, kBlockMCausal, V5_HOPPER_BLOCK_N, kStages>;
+    using Full = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, kStages>;
+    // From free_issue_d128_min_keys keys the two groups issue freely and each softmax runs under its own P V
+    // (NOTES.md, runs 53-59: with two Q buffers +1.3-2.5% at 1024 and 2048 keys, +1.5-2.5% from 4096).
+    using FreeIssue = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, kStages, false, true>;
+    // A split CTA walks a share of one tile's keys: two stages are enough, and leave shared
+    // memory for the receive slots at D=128. Its stages may be narrower than the full kernel's
+    // (split_block_n): a share then runs as more, smaller steps.
+    using Split = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, 2, true>;
+    static constexpr bool kFreeIssueKernel = kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0;
+
+    // The split never gives a CTA fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key
+    // stage each cost more than 2 of one 128-key stage on (1,8,256,64), the merge being paid for less
+    // work (NOTES.md, run 34).
+    static int splits_for(int64_t split_tiles, int seq_len) {
+        constexpr int kMinShareKeys = 128;
+        return cluster_splits<Split, false>(split_tiles, (seq_len + kMinShareKeys - 1) / kMinShareKeys);
+    }
+    static int64_t split_tiles(int64_t heads_total, int seq_len) {
+        return int64_t((seq_len + Split::kBlockM - 1) / Split::kBlockM) * heads_total;
+    }
+
+    static int split(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads, int seq_len,
+                     float scale, int splits, cudaStream_t stream) {
+        auto params = make_params<Split>(q, k, v, o, batch, heads, seq_len, scale);
+        params.key_splits = splits;
+        return launch_traits<Split, false>(params, stream);
+    }
+
+    static int unsplit(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads,
+                       int seq_len, float scale, cudaStream_t stream) {
+        if constexpr (kFreeIssueKernel) {
+            if (seq_len >= V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS) {
+                return launch_traits<FreeIssue, false>(
+                    make_params<FreeIssue>(q, k, v, o, batch, heads, seq_len, scale), stream);
+            }
+        }
+        return launch_traits<Full, false>(make_params<Full>(q, k, v, o, batch, heads, seq_len, scale), stream);
+    }
+
+    // Non-causal: the split kernel where the whole grid's clusters fit at once (key_split); else
+    // the unsplit kernels, and from tail_split_min_keys keys the call's last heads to a second,
+    // split launch where that empties the unsplit grid's last round (tail_split.cuh). The tensors
+    // are (B, H, S, D) and contiguous, so the heads of all batches are one run of B x H heads and
+    // a slice of them is a call of batch 1.
+    static int full(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads, int seq_len,
+                    float scale, cudaStream_t stream) {
+        if constexpr (V5_HOPPER_KEY_SPLIT) {
+            const int64_t heads_total = int64_t(heads) * batch;
+            const int splits = splits_for(split_tiles(heads_total, seq_len), seq_len);
+            if (splits > 1) return split(q, k, v, o, batch, heads, seq_len, scale, splits, stream);
+            if (V5_HOPPER_TAIL_SPLIT_MIN_KEYS > 0 && seq_len >= V5_HOPPER_TAIL_SPLIT_MIN_KEYS && heads_total <= INT_MAX) {
+                const int m_blocks = (seq_len + kBlockMFull - 1) / kBlockMFull;
+                const int split_m_blocks = (seq_len + Split::kBlockM - 1) / Split::kBlockM;
+                const TailPlan plan = plan_tail(int(heads_total), m_blocks, kBlockMFull, split_m_blocks, Split::kBlockM,
+                                                sm_count(), [seq_len](int64_t tiles) { return splits_for(tiles, seq_len); });
+                if (plan.heads > 0) {
+                    const int head_count = int(heads_total) - plan.heads;
+                    const int status = unsplit(q, k, v, o, 1, head_count, seq_len, scale, stream);
+                    if (status != 0) return status;
+                    const int64_t offset = int64_t(head_count) * seq_len * kHeadDim;
+                    return split(q + offset, k + offset, v + offset, static_cast<Element*>(o) + offset, 1, plan.heads,
+                                 seq_len, scale, plan.splits, stream);
+                }
+            }
+        }
+        return unsplit(q, k, v, o, batch, heads, seq_len, scale, stream);
+    }
+};
+
 }  // namespace detail
 
 template <class Element, int kHeadDim>
 int launch(void const* q, void const* k, void const* v, void* o, int batch, int heads, int seq_len,
            bool causal, float scale, cudaStream_t stream) {
-    // Tile shapes per (head dim, causal): NOTES.md, runs 2-3.
-    constexpr int kBlockMFull = kHeadDim == 64 ? V5_HOPPER_BLOCK_M_D64_FULL : 128;
-    constexpr int kBlockMCausal = kHeadDim == 64 ? V5_HOPPER_BLOCK_M_D64_CAUSAL : 128;
-    constexpr int kBlockNFull = kHeadDim == 128 ? V5_HOPPER_BLOCK_N_D128_FULL : V5_HOPPER_BLOCK_N;
-    constexpr int kStages = kHeadDim == 64 ? V5_HOPPER_STAGES_D64 : V5_HOPPER_STAGES;
-    using CausalTraits = KernelTraits<Element, kHeadDim, kBlockMCausal, V5_HOPPER_BLOCK_N, kStages>;
-    using FullTraits = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, kStages>;
+    using Kernels = detail::Kernels<Element, kHeadDim>;
     // TMA: 16-byte aligned bases (row strides are D x 2 bytes, multiples of 16 by construction).
     if (!detail::aligned16(q) || !detail::aligned16(k) || !detail::aligned16(v) || !detail::aligned16(o)) {
         return kUnsupported;
@@ -235,36 +307,11 @@ int launch(void const* q, void const* k, void const* v, void* o, int batch, int 
     auto const* k_ptr = static_cast<Element const*>(k);
     auto const* v_ptr = static_cast<Element const*>(v);
     if (causal) {
-        return detail::launch_traits<CausalTraits, true>(
-            detail::make_params<CausalTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
+        using Causal = typename Kernels::Causal;
+        return detail::launch_traits<Causal, true>(
+            detail::make_params<Causal>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
     }
-    if constexpr (V5_HOPPER_KEY_SPLIT) {
-        // A split CTA walks a share of one tile's keys: two stages are enough, and leave shared
-        // memory for the receive slots at D=128. Its stages may be narrower than the full kernel's
-        // (split_block_n): a share then runs as more, smaller steps. The split never gives a CTA
-        // fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key stage each cost more
-        // than 2 of one 128-key stage on (1,8,256,64), the merge being paid for less work (NOTES.md, run 34).
-        using SplitTraits = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, 2, true>;
-        constexpr int kMinShareKeys = 128;
-        const int64_t tiles = int64_t((seq_len + SplitTraits::kBlockM - 1) / SplitTraits::kBlockM) * heads * batch;
-        const int splits = detail::cluster_splits<SplitTraits, false>(tiles, (seq_len + kMinShareKeys - 1) / kMinShareKeys);
-        if (splits > 1) {
-            auto params = detail::make_params<SplitTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale);
-            params.key_splits = splits;
-            return detail::launch_traits<SplitTraits, false>(params, stream);
-        }
-    }
-    if constexpr (kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0) {
-        // From free_issue_d128_min_keys keys the two groups issue freely and each softmax runs under its own P V
-        // (NOTES.md, runs 53-59: with two Q buffers +1.3-2.5% at 1024 and 2048 keys, +1.5-2.5% from 4096).
-        using FreeTraits = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, kStages, false, true>;
-        if (seq_len >= V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS) {
-            return detail::launch_traits<FreeTraits, false>(
-                detail::make_params<FreeTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
-        }
-    }
-    return detail::launch_traits<FullTraits, false>(
-        detail::make_params<FullTraits>(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale), stream);
+    return Kernels::full(q_ptr, k_ptr, v_ptr, o, batch, heads, seq_len, scale, stream);
 }
 
 }  // namespace v5_hopper

@@ -106,6 +106,11 @@
 #ifndef V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS
 #error "V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS undefined: the build passes it from variant.yaml (tunables.free_issue_d128_min_keys)"
 #endif
+// non-causal calls of at least this many keys (0: never): the last heads to a split launch where that
+// empties the unsplit grid's last round (tail_split.cuh)
+#ifndef V5_HOPPER_TAIL_SPLIT_MIN_KEYS
+#error "V5_HOPPER_TAIL_SPLIT_MIN_KEYS undefined: the build passes it from variant.yaml (tunables.tail_split_min_keys)"
+#endif
 // loading threads of K and V: 1 (one thread, K then V per key tile) or 2 (one per ring)
 #ifndef V5_HOPPER_KV_PRODUCERS
 #error "V5_HOPPER_KV_PRODUCERS undefined: the build passes it from variant.yaml (tunables.kv_producers)"
