@@ -333,7 +333,9 @@ int main(int argc, char** argv) {
             if (splits <= shares && tiles * splits <= 2LL * sms) return splits;
         return 1;
     };
-    const v5_hopper::TailPlan plan = v5_hopper::plan_tail(heads_total, m_blocks, 128, split_m_blocks, 64, sms, splits_for);
+    // persistent_min_waves 3
+    const v5_hopper::TailPlan plan =
+        v5_hopper::plan_tail(heads_total, m_blocks, 128, seq_len, split_m_blocks, 64, sms, 3LL * sms, splits_for);
     std::printf("%d %d\n", plan.heads, plan.splits);
 }
 """
@@ -359,15 +361,17 @@ def tail_plan(tmp_path_factory):
 
 
 @pytest.mark.parametrize("B,H,S,expected", [
-    (16, 16, 4096, (1, 4)),   # 8192 tiles: 62 rounds and 8 tiles -> 8160 tiles and one head's 64 halves x 4
-    (1, 17, 4096, (1, 4)),    # 544 tiles: 5 rounds -> 4, and a quarter round of split CTAs
-    (1, 50, 1024, (1, 4)),    # 400 tiles: 4 rounds -> 3, and 16 halves x 4
-    (1, 17, 8192, (0, 1)),    # 1088 -> 1024 tiles saves a round but one head's 128 halves x 2 cost half of one
+    # 8192 tiles, 62 rounds and 8 tiles -> 8160 and one head's 64 halves x 4: 62.66 rounds of 63
+    (16, 16, 4096, (1, 4)),
+    (8, 16, 4096, (1, 4)),    # 4096 tiles, 31 rounds and 4
+    (1, 17, 4096, (1, 4)),    # 544 tiles: 5 rounds -> 4.66
+    (1, 45, 1100, (1, 4)),    # 405 tiles: 4 rounds -> 3.83 (ragged: 1100 keys)
+    (1, 50, 1024, (0, 1)),    # 400 -> 392 tiles would leave the persistent grid (396 from 3 waves)
+    (1, 100, 1024, (0, 1)),   # 800 -> 792 tiles: 6 rounds, but the split launch costs 0.875 of one
+    (1, 17, 8192, (0, 1)),    # 1088 -> 1024 tiles saves a round, one head's 128 halves x 2 cost 1.08
     (8, 16, 1024, (0, 1)),    # 1024 tiles: 8 rounds; 7 need 13 heads, whose halves fit no cluster of 2
-    (2, 16, 8192, (0, 1)),    # 2048 tiles: 16 rounds; 15 need 2 heads' 256 halves, 128 CTAs short of a cluster of 2
+    (2, 16, 8192, (0, 1)),    # 2048 tiles: 16 rounds; 15 need 2 heads' 256 halves, no cluster of 2 fits
     (1, 132, 1024, (0, 1)),   # whole rounds: nothing to save
-    (1, 100, 1024, (1, 4)),   # 800 tiles: 6 rounds and 8 -> 792, and 16 halves x 4 on 64 SMs
-    (1, 99, 1024, (0, 1)),    # 792 tiles: 6 whole rounds
 ])
 def test_tail_split_plans_the_last_round(tail_plan, B, H, S, expected):
     assert tail_plan(B * H, S) == expected
@@ -376,3 +380,22 @@ def test_tail_split_plans_the_last_round(tail_plan, B, H, S, expected):
 def test_tail_split_needs_more_tiles_than_sms(tail_plan):
     assert tail_plan(16, 1024) == (0, 1)   # 128 tiles on 132 SMs: one round, nothing idles for a second
     assert tail_plan(256, 4096, sms=0) == (0, 1)   # the SM count could not be read
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("B,H,S", [(1, 45, 1100), (1, 17, 4096)])
+def test_last_heads_in_a_split_launch_match_reference(sm90a_build, tail_plan, dtype, D, B, H, S):
+    """With tail_split_min_keys these calls run as two launches: the unsplit kernel over the first
+    heads (a call of batch 1 on a slice of the tensors) and the split kernel over the last head,
+    whose rows end ragged at 1100 keys."""
+    import torch
+
+    if not sm90_device():
+        pytest.skip("v5_hopper runs on compute capability 9.0 only")
+    assert 0 < sm90a_build[0]["tunables"]["tail_split_min_keys"] <= S
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    if tail_plan(B * H, S, sms)[0] == 0:
+        pytest.skip(f"no tail plan for {B * H} heads of {S} keys on {sms} SMs")
+    assert_matches_reference(sm90a_build[0]["artifact"], dtype, B, H, S, D, False)

@@ -168,6 +168,11 @@ inline bool use_pdl(cudaStream_t stream) {
     return status == cudaStreamCaptureStatusActive;
 }
 
+// The fewest tiles an unsplit launch runs on a persistent grid (tunables.persistent).
+inline int64_t persistent_min_tiles(int64_t sms) {
+    return V5_HOPPER_PERSISTENT == 1 ? 0 : V5_HOPPER_PERSISTENT == 2 ? V5_HOPPER_PERSISTENT_MIN_WAVES * sms : INT64_MAX;
+}
+
 template <class Traits, bool kCausal>
 int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     const cudaError_t configured = configure_once<Traits, kCausal>();
@@ -183,9 +188,7 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     // tiles, with no per-tile prologue and the short causal tiles packed behind the long ones.
     // Below a few waves of tiles the hardware's own block scheduling balances better than the
     // static round-robin (NOTES.md, run 6: 1,8,4096,128 causal, 1.9 waves).
-    const bool persistent = !Traits::kSplit && sms > 0 &&
-                            (V5_HOPPER_PERSISTENT == 1 ||
-                             (V5_HOPPER_PERSISTENT == 2 && tiles >= V5_HOPPER_PERSISTENT_MIN_WAVES * sms));
+    const bool persistent = !Traits::kSplit && sms > 0 && tiles >= persistent_min_tiles(sms);
     const int64_t ctas = persistent ? std::min(tiles, sms) : tiles * params.key_splits;
 
     cudaLaunchConfig_t config = {};
@@ -275,8 +278,10 @@ struct Kernels {
             if (V5_HOPPER_TAIL_SPLIT_MIN_KEYS > 0 && seq_len >= V5_HOPPER_TAIL_SPLIT_MIN_KEYS && heads_total <= INT_MAX) {
                 const int m_blocks = (seq_len + kBlockMFull - 1) / kBlockMFull;
                 const int split_m_blocks = (seq_len + Split::kBlockM - 1) / Split::kBlockM;
-                const TailPlan plan = plan_tail(int(heads_total), m_blocks, kBlockMFull, split_m_blocks, Split::kBlockM,
-                                                sm_count(), [seq_len](int64_t tiles) { return splits_for(tiles, seq_len); });
+                const int sms = sm_count();
+                const TailPlan plan =
+                    plan_tail(int(heads_total), m_blocks, kBlockMFull, seq_len, split_m_blocks, Split::kBlockM, sms,
+                              persistent_min_tiles(sms), [seq_len](int64_t tiles) { return splits_for(tiles, seq_len); });
                 if (plan.heads > 0) {
                     const int head_count = int(heads_total) - plan.heads;
                     const int status = unsplit(q, k, v, o, 1, head_count, seq_len, scale, stream);
