@@ -259,23 +259,29 @@ int main(int argc, char** argv) {
 """
 
 
+def host_program(tmp_path_factory, name: str, source: str):
+    """A C++ program over this folder's host-compilable headers, built with g++: a function of its
+    arguments that returns its standard output."""
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++")
+    folder = tmp_path_factory.mktemp(name)
+    (folder / f"{name}.cpp").write_text(source)
+    binary = folder / name
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{v5_variant().folder}", str(folder / f"{name}.cpp"),
+                    "-o", str(binary)], check=True, capture_output=True, text=True)
+    return lambda *args: subprocess.run([str(binary), *map(str, args)], check=True, capture_output=True,
+                                        text=True).stdout
+
+
 @pytest.fixture(scope="module")
 def tile_walk(tmp_path_factory):
     """Walks every CTA of a launch through tile_order.cuh, compiled for the host: {cta: [(m_block,
     head_index), ...]} in the order each CTA visits its tiles."""
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++")
-    folder = tmp_path_factory.mktemp("tile_order")
-    (folder / "walk.cpp").write_text(WALK_PROGRAM)
-    binary = folder / "walk"
-    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{v5_variant().folder}", str(folder / "walk.cpp"),
-                    "-o", str(binary)], check=True, capture_output=True, text=True)
+    run = host_program(tmp_path_factory, "walk", WALK_PROGRAM)
 
     def walk(m_blocks: int, heads_total: int, grid: int, order: int, causal: bool = True) -> dict[int, list]:
-        out = subprocess.run([str(binary), str(m_blocks), str(heads_total), str(grid), str(order), str(int(causal))],
-                             check=True, capture_output=True, text=True).stdout
         lists: dict[int, list] = {}
-        for line in out.splitlines():
+        for line in run(m_blocks, heads_total, grid, order, int(causal)).splitlines():
             cta, m_block, head_index = map(int, line.split())
             lists.setdefault(cta, []).append((m_block, head_index))
         return lists
@@ -344,18 +350,10 @@ int main(int argc, char** argv) {
 @pytest.fixture(scope="module")
 def tail_plan(tmp_path_factory):
     """tail_split.cuh's plan for (heads x batch, keys, SMs), compiled for the host: (heads, splits)."""
-    if shutil.which("g++") is None:
-        pytest.skip("needs g++")
-    folder = tmp_path_factory.mktemp("tail_split")
-    (folder / "plan.cpp").write_text(PLAN_PROGRAM)
-    binary = folder / "plan"
-    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{v5_variant().folder}", str(folder / "plan.cpp"),
-                    "-o", str(binary)], check=True, capture_output=True, text=True)
+    run = host_program(tmp_path_factory, "plan", PLAN_PROGRAM)
 
     def plan(heads_total: int, seq_len: int, sms: int = 132) -> tuple[int, int]:
-        out = subprocess.run([str(binary), str(heads_total), str(seq_len), str(sms)],
-                             check=True, capture_output=True, text=True).stdout
-        heads, splits = map(int, out.split())
+        heads, splits = map(int, run(heads_total, seq_len, sms).split())
         return heads, splits
     return plan
 
