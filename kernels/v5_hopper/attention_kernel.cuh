@@ -202,6 +202,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));
     Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
     Tensor s_rc = rowcol_view(tSrS);
+    // The optimistic softmax's probabilities (lazy_rescale 3): unused, and so absent, elsewhere.
+    Tensor tSrP = make_fragment_like(tSrS);
+    Tensor p_rc = rowcol_view(tSrP);
     Tensor o_rc = rowcol_view(tOrO);
     Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
     constexpr int kRows = decltype(size<0>(s_rc))::value;
@@ -258,14 +261,23 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             warpgroup_fence_operand(tSrS);
             release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-            const bool rescaled = softmax.template update<false>(s_rc, o_scale);
+            bool rescaled;
+            if constexpr (Traits::kOptimisticMax) {
+                rescaled = softmax.update_optimistic(s_rc, p_rc, o_scale);
+            } else {
+                rescaled = softmax.template update<false>(s_rc, o_scale);
+            }
             if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
             // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
             if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
-            tOrP = convert_to_a_operand<Element>(tSrS);
+            if constexpr (Traits::kOptimisticMax) {
+                tOrP = convert_to_a_operand<Element>(tSrP);
+            } else {
+                tOrP = convert_to_a_operand<Element>(tSrS);
+            }
             read_v = read_k;
             ++read_k;
         }

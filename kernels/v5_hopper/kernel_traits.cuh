@@ -75,8 +75,11 @@ struct KernelTraits {
     // Lazy rescaling: 1 in every kernel, 2 in the free-issue kernel only. There it skips O's rescale
     // on the path from P V's wait to the next issue (2.8-4.6% on the H100); in the ping-pong and D=64
     // kernels it measured 2-7% slower (NOTES.md, run 67).
-    static_assert(V5_HOPPER_LAZY_RESCALE >= 0 && V5_HOPPER_LAZY_RESCALE <= 2, "lazy_rescale: 0, 1 or 2");
-    static constexpr bool kLazyRescale = V5_HOPPER_LAZY_RESCALE == 1 || (V5_HOPPER_LAZY_RESCALE == 2 && kFreeIssue);
+    // 3: as 2, and the free-issue kernel exponentiates a tile against the running maximum before
+    // its own maximum is known (OnlineSoftmax::update_optimistic).
+    static_assert(V5_HOPPER_LAZY_RESCALE >= 0 && V5_HOPPER_LAZY_RESCALE <= 3, "lazy_rescale: 0, 1, 2 or 3");
+    static constexpr bool kLazyRescale = V5_HOPPER_LAZY_RESCALE == 1 || (V5_HOPPER_LAZY_RESCALE >= 2 && kFreeIssue);
+    static constexpr bool kOptimisticMax = V5_HOPPER_LAZY_RESCALE == 3 && kFreeIssue;
     // 128-byte swizzled tiles: the layout wgmma descriptors and TMA boxes both accept, and the
     // one that keeps wgmma's shared-memory reads free of bank conflicts.
     template <int kBuffers>

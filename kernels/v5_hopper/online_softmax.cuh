@@ -67,39 +67,88 @@ struct OnlineSoftmax {
         bool rescaled = !kLazy;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
-            float m = quad_max(row_max_of<kFirstTile>(s, r, row_max[r]));
-            bool kept = false;   // the running maximum stands: scale exactly 1 (an FFMA would leave its rounding)
-            if constexpr (kLazy && !kFirstTile) {
-                // Both -inf (a row that met only masked keys): NaN compares false, the row stays -inf.
-                if ((m - row_max[r]) * scale_log2 > kLazyThresholdLog2) {
-                    rescaled = true;
-                } else {
-                    m = row_max[r];
-                    kept = true;
-                }
-            }
-            // A row that has met only masked keys keeps max -inf: offset by 0, so exp2 gives 0, not NaN.
-            const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-            o_scale[r] = kFirstTile || kept ? 1.f : exp2_approx(row_max[r] * scale_log2 - m_scaled);
-            row_max[r] = m;
-            // The tile's sum as kSumChains independent FADD chains (one chain of 32 dependent adds
-            // sits on each warp's softmax path, like the row maximum's did).
-            constexpr int kCols = decltype(size<1>(s))::value;
-            constexpr int kSums = kCols % kSumChains == 0 ? kSumChains : 1;
+            update_row<kFirstTile, kLazy>(s, r, o_scale, rescaled, [&](int c) -> float& { return s(r, c); });
+        }
+        return rescaled;
+    }
+
+    // Each thread's sum of a row's probabilities bounds every one of them.
+    static constexpr float kOptimisticSumLimit = 256.f;   // 2^kLazyThresholdLog2
+
+    // A tile after the first, optimistically (lazy_rescale 3): each row is exponentiated against its
+    // running maximum before the tile's own maximum is known, so its 32 FMNMX and the quad's
+    // shuffles are skipped. Where every thread of the warp has a sum of at most 2^8 for the row,
+    // every probability is at most 2^8: the row is what lazy rescaling makes of it, maximum kept.
+    // Otherwise (a new maximum more than a few powers of 2 up, an overflow, a NaN) the warp takes the
+    // exact path for that row from the scores, still intact, and moves to the tile's maximum. Both
+    // paths write the probabilities to p, a fragment of their own: written back into the scores'
+    // fragment (the next Q K^T's accumulator), they cost 64 moves a step.
+    template <class ScoresRowCol, class ProbsRowCol>
+    __device__ bool update_optimistic(ScoresRowCol const& s, ProbsRowCol& p, float (&o_scale)[kRows]) {
+        static_assert(kLazy, "the optimistic update keeps maxima as lazy rescaling does");
+        constexpr int kCols = decltype(size<1>(s))::value;
+        constexpr int kSums = kCols % kSumChains == 0 ? kSumChains : 1;
+        bool rescaled = false;
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+            const float m_scaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
             float sums[kSums];
             CUTLASS_PRAGMA_UNROLL
             for (int j = 0; j < kSums; ++j) sums[j] = 0.f;
             CUTLASS_PRAGMA_UNROLL
             for (int c = 0; c < kCols; ++c) {
-                s(r, c) = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
-                sums[c % kSums] += s(r, c);
+                p(r, c) = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
+                sums[c % kSums] += p(r, c);
             }
             float tile_sum = sums[0];
             CUTLASS_PRAGMA_UNROLL
             for (int j = 1; j < kSums; ++j) tile_sum += sums[j];
-            row_sum[r] = kFirstTile ? tile_sum : fmaf(row_sum[r], o_scale[r], tile_sum);
+            if (__all_sync(0xffffffff, tile_sum <= kOptimisticSumLimit)) {
+                o_scale[r] = 1.f;
+                row_sum[r] += tile_sum;
+            } else {
+                update_row<false, false>(s, r, o_scale, rescaled, [&](int c) -> float& { return p(r, c); });
+                rescaled = true;
+            }
         }
         return rescaled;
+    }
+
+    // update's row r, its probabilities written to out(c); kKeep: keep the running maximum unless
+    // the tile's exceeds it by more than kLazyThresholdLog2 (and set `rescaled` where it does).
+    template <bool kFirstTile, bool kKeep, class ScoresRowCol, class Out>
+    __device__ void update_row(ScoresRowCol const& s, int r, float (&o_scale)[kRows], bool& rescaled, Out&& out) {
+        float m = quad_max(row_max_of<kFirstTile>(s, r, row_max[r]));
+        bool kept = false;   // the running maximum stands: scale exactly 1 (an FFMA would leave its rounding)
+        if constexpr (kKeep && !kFirstTile) {
+            // Both -inf (a row that met only masked keys): NaN compares false, the row stays -inf.
+            if ((m - row_max[r]) * scale_log2 > kLazyThresholdLog2) {
+                rescaled = true;
+            } else {
+                m = row_max[r];
+                kept = true;
+            }
+        }
+        // A row that has met only masked keys keeps max -inf: offset by 0, so exp2 gives 0, not NaN.
+        const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+        o_scale[r] = kFirstTile || kept ? 1.f : exp2_approx(row_max[r] * scale_log2 - m_scaled);
+        row_max[r] = m;
+        // The tile's sum as kSumChains independent FADD chains (one chain of 32 dependent adds
+        // sits on each warp's softmax path, like the row maximum's did).
+        constexpr int kCols = decltype(size<1>(s))::value;
+        constexpr int kSums = kCols % kSumChains == 0 ? kSumChains : 1;
+        float sums[kSums];
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < kSums; ++j) sums[j] = 0.f;
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kCols; ++c) {
+            out(c) = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
+            sums[c % kSums] += out(c);
+        }
+        float tile_sum = sums[0];
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 1; j < kSums; ++j) tile_sum += sums[j];
+        row_sum[r] = kFirstTile ? tile_sum : fmaf(row_sum[r], o_scale[r], tile_sum);
     }
 
     // The maximum of row r's scores (and the running maximum) as kMaxChains independent chains:
