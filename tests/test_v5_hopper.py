@@ -209,8 +209,9 @@ static_assert(FreeIssue::kLazyRescale == EXPECT_FREE_LAZY, "free-issue kernel: l
 static_assert(PingPong::kLazyRescale == EXPECT_OTHER_LAZY, "D=128 ping-pong kernel: lazy rescaling");
 static_assert(PingPong64::kLazyRescale == EXPECT_OTHER_LAZY, "D=64 ping-pong kernel: lazy rescaling");
 static_assert(FreeIssue::kOptimisticMax == EXPECT_OPTIMISTIC, "free-issue kernel: optimistic maxima");
-static_assert(!PingPong::kOptimisticMax && !PingPong64::kOptimisticMax && !Split::kOptimisticMax,
-              "optimistic maxima in the free-issue kernel only");
+static_assert(PingPong::kOptimisticMax == EXPECT_OTHER_OPTIMISTIC, "D=128 ping-pong kernel: optimistic maxima");
+static_assert(PingPong64::kOptimisticMax == EXPECT_OTHER_OPTIMISTIC, "D=64 ping-pong kernel: optimistic maxima");
+static_assert(Split::kOptimisticMax == EXPECT_OTHER_OPTIMISTIC, "split kernel: optimistic maxima");
 static_assert(PingPong::kSeparateV == EXPECT_SEPARATE_V, "unsplit kernel: a loading thread per ring");
 static_assert(!Split::kSeparateV, "a split kernel keeps one loading thread");
 static_assert(PingPong::kQBuffers == EXPECT_Q_BUFFERS, "D=128 ping-pong kernel: Q buffers");
@@ -218,18 +219,19 @@ static_assert(FreeIssue::kQBuffers == 2, "free-issue kernel: two Q buffers where
 """
 
 
-@pytest.mark.parametrize("overrides, free_lazy, other_lazy, optimistic, separate_v, q_buffers", [
-    ({}, 1, 0, 0, 0, 2),                                        # the defaults (NOTES.md, runs 67-72)
-    ({"lazy_rescale": 1, "kv_producers": 2, "q_buffers": 1}, 1, 1, 0, 1, 1),
-    ({"lazy_rescale": 0}, 0, 0, 0, 0, 2),
-    ({"lazy_rescale": 3}, 1, 0, 1, 0, 2),
+@pytest.mark.parametrize("overrides, free_lazy, other_lazy, optimistic, other_optimistic, separate_v, q_buffers", [
+    ({}, 1, 0, 1, 0, 0, 2),                                     # the defaults (NOTES.md, runs 67-80)
+    ({"lazy_rescale": 1, "kv_producers": 2, "q_buffers": 1}, 1, 1, 0, 0, 1, 1),
+    ({"lazy_rescale": 0}, 0, 0, 0, 0, 0, 2),
+    ({"lazy_rescale": 2}, 1, 0, 0, 0, 0, 2),
+    ({"lazy_rescale": 4}, 1, 1, 1, 1, 0, 2),
 ])
 def test_per_kernel_knobs_reach_the_kernels_they_name(tmp_path, overrides, free_lazy, other_lazy, optimistic,
-                                                      separate_v, q_buffers):
+                                                      other_optimistic, separate_v, q_buffers):
     """lazy_rescale 2 rescales lazily in the free-issue kernel only (the ping-pong and D=64 kernels
-    measured 2-7% slower with it, NOTES.md run 67), 3 also skips its tiles' maxima optimistically;
-    kv_producers never reaches a split kernel; q_buffers sets the D=128 ping-pong kernels' Q
-    buffers. The traits are compiled and asserted."""
+    measured 2-7% slower with it, NOTES.md run 67), 3 also skips its tiles' maxima optimistically
+    there (run 80), 4 does both in every kernel; kv_producers never reaches a split kernel;
+    q_buffers sets the D=128 ping-pong kernels' Q buffers. The traits are compiled and asserted."""
     from evo_sdpa import nvcc as nvcc_lib, tunables as tunables_lib
     from evo_sdpa.build import compile_inputs
 
@@ -239,8 +241,8 @@ def test_per_kernel_knobs_reach_the_kernels_they_name(tmp_path, overrides, free_
     source = tmp_path / "traits.cu"
     source.write_text(TRAITS_PROGRAM)
     expect = [f"-DEXPECT_FREE_LAZY={free_lazy}", f"-DEXPECT_OTHER_LAZY={other_lazy}",
-              f"-DEXPECT_OPTIMISTIC={optimistic}", f"-DEXPECT_SEPARATE_V={separate_v}",
-              f"-DEXPECT_Q_BUFFERS={q_buffers}"]
+              f"-DEXPECT_OPTIMISTIC={optimistic}", f"-DEXPECT_OTHER_OPTIMISTIC={other_optimistic}",
+              f"-DEXPECT_SEPARATE_V={separate_v}", f"-DEXPECT_Q_BUFFERS={q_buffers}"]
     argv = nvcc_lib.object_command(shutil.which("nvcc"), str(source), str(tmp_path / "traits.o"),
                                    nvcc_lib.arch_gencode("9.0"), flags + expect, includes)
     proc = subprocess.run(argv, capture_output=True, text=True)

@@ -76,10 +76,11 @@ struct KernelTraits {
     // on the path from P V's wait to the next issue (2.8-4.6% on the H100); in the ping-pong and D=64
     // kernels it measured 2-7% slower (NOTES.md, run 67).
     // 3: as 2, and the free-issue kernel exponentiates a tile against the running maximum before
-    // its own maximum is known (OnlineSoftmax::update_optimistic).
-    static_assert(V5_HOPPER_LAZY_RESCALE >= 0 && V5_HOPPER_LAZY_RESCALE <= 3, "lazy_rescale: 0, 1, 2 or 3");
-    static constexpr bool kLazyRescale = V5_HOPPER_LAZY_RESCALE == 1 || (V5_HOPPER_LAZY_RESCALE >= 2 && kFreeIssue);
-    static constexpr bool kOptimisticMax = V5_HOPPER_LAZY_RESCALE == 3 && kFreeIssue;
+    // its own maximum is known (OnlineSoftmax::update_optimistic); 4: that in every kernel.
+    static_assert(V5_HOPPER_LAZY_RESCALE >= 0 && V5_HOPPER_LAZY_RESCALE <= 4, "lazy_rescale: 0 to 4");
+    static constexpr bool kLazyRescale = V5_HOPPER_LAZY_RESCALE == 1 || V5_HOPPER_LAZY_RESCALE == 4 ||
+                                         (V5_HOPPER_LAZY_RESCALE >= 2 && kFreeIssue);
+    static constexpr bool kOptimisticMax = V5_HOPPER_LAZY_RESCALE == 4 || (V5_HOPPER_LAZY_RESCALE == 3 && kFreeIssue);
     // 128-byte swizzled tiles: the layout wgmma descriptors and TMA boxes both accept, and the
     // one that keeps wgmma's shared-memory reads free of bank conflicts.
     template <int kBuffers>
