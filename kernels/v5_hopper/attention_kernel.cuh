@@ -202,7 +202,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));
     Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
     Tensor s_rc = rowcol_view(tSrS);
-    // The optimistic softmax's probabilities (lazy_rescale 3): unused, and so absent, elsewhere.
+    // The optimistic softmax's probabilities (lazy_rescale 3 and 4): unused, and so absent, elsewhere.
     Tensor tSrP = make_fragment_like(tSrS);
     Tensor p_rc = rowcol_view(tSrP);
     Tensor o_rc = rowcol_view(tOrO);

@@ -75,9 +75,9 @@ struct OnlineSoftmax {
     // Each thread's sum of a row's probabilities bounds every one of them.
     static constexpr float kOptimisticSumLimit = 256.f;   // 2^kLazyThresholdLog2
 
-    // A tile after the first, optimistically (lazy_rescale 3): each row is exponentiated against its
-    // running maximum before the tile's own maximum is known, so its 32 FMNMX and the quad's
-    // shuffles are skipped. Where every thread of the warp has a sum of at most 2^8 for the row,
+    // A tile after the first, optimistically (lazy_rescale 3 and 4): each row is exponentiated
+    // against its running maximum before the tile's own maximum is known, so its 32 FMNMX and the
+    // quad's shuffles are skipped. Where every thread of the warp has a sum of at most 2^8 for the row,
     // every probability is at most 2^8: the row is what lazy rescaling makes of it, maximum kept.
     // Otherwise (a new maximum more than a few powers of 2 up, an overflow, a NaN) the warp takes the
     // exact path for that row from the scores, still intact, and moves to the tile's maximum. Both
