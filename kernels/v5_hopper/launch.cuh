@@ -242,9 +242,7 @@ struct Kernels {
         constexpr int kMinShareKeys = 128;
         return cluster_splits<Split, false>(split_tiles, (seq_len + kMinShareKeys - 1) / kMinShareKeys);
     }
-    static int64_t split_tiles(int64_t heads_total, int seq_len) {
-        return int64_t((seq_len + Split::kBlockM - 1) / Split::kBlockM) * heads_total;
-    }
+    static int split_m_blocks(int seq_len) { return (seq_len + Split::kBlockM - 1) / Split::kBlockM; }
 
     static int split(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads, int seq_len,
                      float scale, int splits, cudaStream_t stream) {
@@ -264,32 +262,36 @@ struct Kernels {
         return launch_traits<Full, false>(make_params<Full>(q, k, v, o, batch, heads, seq_len, scale), stream);
     }
 
+    // The last heads a non-causal call of `heads_total` heads gives a split launch (tail_split.cuh):
+    // none below tail_split_min_keys keys.
+    static TailPlan tail_plan(int64_t heads_total, int seq_len) {
+        if (V5_HOPPER_TAIL_SPLIT_MIN_KEYS == 0 || seq_len < V5_HOPPER_TAIL_SPLIT_MIN_KEYS || heads_total > INT_MAX) {
+            return {0, 1};
+        }
+        const int sms = sm_count();
+        return plan_tail(int(heads_total), (seq_len + kBlockMFull - 1) / kBlockMFull, kBlockMFull, seq_len,
+                         split_m_blocks(seq_len), Split::kBlockM, sms, persistent_min_tiles(sms),
+                         [seq_len](int64_t tiles) { return splits_for(tiles, seq_len); });
+    }
+
     // Non-causal: the split kernel where the whole grid's clusters fit at once (key_split); else
-    // the unsplit kernels, and from tail_split_min_keys keys the call's last heads to a second,
-    // split launch where that empties the unsplit grid's last round (tail_split.cuh). The tensors
-    // are (B, H, S, D) and contiguous, so the heads of all batches are one run of B x H heads and
-    // a slice of them is a call of batch 1.
+    // the unsplit kernels, and the call's last heads to a second, split launch where that empties
+    // the unsplit grid's last round (tail_plan). The tensors are (B, H, S, D) and contiguous, so
+    // the heads of all batches are one run of B x H heads and a slice of them is a call of batch 1.
     static int full(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads, int seq_len,
                     float scale, cudaStream_t stream) {
         if constexpr (V5_HOPPER_KEY_SPLIT) {
             const int64_t heads_total = int64_t(heads) * batch;
-            const int splits = splits_for(split_tiles(heads_total, seq_len), seq_len);
+            const int splits = splits_for(split_m_blocks(seq_len) * heads_total, seq_len);
             if (splits > 1) return split(q, k, v, o, batch, heads, seq_len, scale, splits, stream);
-            if (V5_HOPPER_TAIL_SPLIT_MIN_KEYS > 0 && seq_len >= V5_HOPPER_TAIL_SPLIT_MIN_KEYS && heads_total <= INT_MAX) {
-                const int m_blocks = (seq_len + kBlockMFull - 1) / kBlockMFull;
-                const int split_m_blocks = (seq_len + Split::kBlockM - 1) / Split::kBlockM;
-                const int sms = sm_count();
-                const TailPlan plan =
-                    plan_tail(int(heads_total), m_blocks, kBlockMFull, seq_len, split_m_blocks, Split::kBlockM, sms,
-                              persistent_min_tiles(sms), [seq_len](int64_t tiles) { return splits_for(tiles, seq_len); });
-                if (plan.heads > 0) {
-                    const int head_count = int(heads_total) - plan.heads;
-                    const int status = unsplit(q, k, v, o, 1, head_count, seq_len, scale, stream);
-                    if (status != 0) return status;
-                    const int64_t offset = int64_t(head_count) * seq_len * kHeadDim;
-                    return split(q + offset, k + offset, v + offset, static_cast<Element*>(o) + offset, 1, plan.heads,
-                                 seq_len, scale, plan.splits, stream);
-                }
+            const TailPlan plan = tail_plan(heads_total, seq_len);
+            if (plan.heads > 0) {
+                const int head_count = int(heads_total) - plan.heads;
+                const int status = unsplit(q, k, v, o, 1, head_count, seq_len, scale, stream);
+                if (status != 0) return status;
+                const int64_t offset = int64_t(head_count) * seq_len * kHeadDim;
+                return split(q + offset, k + offset, v + offset, static_cast<Element*>(o) + offset, 1, plan.heads,
+                             seq_len, scale, plan.splits, stream);
             }
         }
         return unsplit(q, k, v, o, batch, heads, seq_len, scale, stream);

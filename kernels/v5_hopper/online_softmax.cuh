@@ -86,23 +86,11 @@ struct OnlineSoftmax {
     template <class ScoresRowCol, class ProbsRowCol>
     __device__ bool update_optimistic(ScoresRowCol const& s, ProbsRowCol& p, float (&o_scale)[kRows]) {
         static_assert(kLazy, "the optimistic update keeps maxima as lazy rescaling does");
-        constexpr int kCols = decltype(size<1>(s))::value;
-        constexpr int kSums = kCols % kSumChains == 0 ? kSumChains : 1;
         bool rescaled = false;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
-            const float m_scaled = row_max[r] == -INFINITY ? 0.f : row_max[r] * scale_log2;
-            float sums[kSums];
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kSums; ++j) sums[j] = 0.f;
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < kCols; ++c) {
-                p(r, c) = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
-                sums[c % kSums] += p(r, c);
-            }
-            float tile_sum = sums[0];
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 1; j < kSums; ++j) tile_sum += sums[j];
+            const float tile_sum =
+                exponentiate_row(s, r, scaled_max(row_max[r]), [&](int c) -> float& { return p(r, c); });
             if (__all_sync(0xffffffff, tile_sum <= kOptimisticSumLimit)) {
                 o_scale[r] = 1.f;
                 row_sum[r] += tile_sum;
@@ -129,12 +117,22 @@ struct OnlineSoftmax {
                 kept = true;
             }
         }
-        // A row that has met only masked keys keeps max -inf: offset by 0, so exp2 gives 0, not NaN.
-        const float m_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+        const float m_scaled = scaled_max(m);
         o_scale[r] = kFirstTile || kept ? 1.f : exp2_approx(row_max[r] * scale_log2 - m_scaled);
         row_max[r] = m;
-        // The tile's sum as kSumChains independent FADD chains (one chain of 32 dependent adds
-        // sits on each warp's softmax path, like the row maximum's did).
+        const float tile_sum = exponentiate_row(s, r, m_scaled, out);
+        row_sum[r] = kFirstTile ? tile_sum : fmaf(row_sum[r], o_scale[r], tile_sum);
+    }
+
+    // A row's maximum in exp2 units; a row that has met only masked keys keeps max -inf: offset by
+    // 0, so exp2 gives 0, not NaN.
+    __device__ float scaled_max(float m) const { return m == -INFINITY ? 0.f : m * scale_log2; }
+
+    // out(c) = exp2(s(r, c) * scale_log2 - m_scaled) for row r; returns their sum, as kSumChains
+    // independent FADD chains (one chain of 32 dependent adds sits on each warp's softmax path, like
+    // the row maximum's did).
+    template <class ScoresRowCol, class Out>
+    __device__ float exponentiate_row(ScoresRowCol const& s, int r, float m_scaled, Out&& out) const {
         constexpr int kCols = decltype(size<1>(s))::value;
         constexpr int kSums = kCols % kSumChains == 0 ? kSumChains : 1;
         float sums[kSums];
@@ -148,7 +146,7 @@ struct OnlineSoftmax {
         float tile_sum = sums[0];
         CUTLASS_PRAGMA_UNROLL
         for (int j = 1; j < kSums; ++j) tile_sum += sums[j];
-        row_sum[r] = kFirstTile ? tile_sum : fmaf(row_sum[r], o_scale[r], tile_sum);
+        return tile_sum;
     }
 
     // The maximum of row r's scores (and the running maximum) as kMaxChains independent chains:

@@ -65,7 +65,7 @@
 #error "V5_HOPPER_Q_BUFFERS_D64 undefined: the build passes it from variant.yaml (tunables.q_buffers_d64)"
 #endif
 // keep a row's maximum until a tile exceeds it by 2^8, so most tiles skip O's rescale: 0 never,
-// 1 in every kernel, 2 in the free-issue kernel only, 3 as 2 and optimistic there
+// 1 in every kernel, 2 in the free-issue kernel only, 3 as 2 and optimistic there, 4 both everywhere
 #ifndef V5_HOPPER_LAZY_RESCALE
 #error "V5_HOPPER_LAZY_RESCALE undefined: the build passes it from variant.yaml (tunables.lazy_rescale)"
 #endif
