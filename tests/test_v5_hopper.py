@@ -220,11 +220,11 @@ static_assert(FreeIssue::kQBuffers == 2, "free-issue kernel: two Q buffers where
 
 
 @pytest.mark.parametrize("overrides, free_lazy, other_lazy, optimistic, other_optimistic, separate_v, q_buffers", [
-    ({}, 1, 0, 1, 0, 0, 2),                                     # the defaults (NOTES.md, runs 67-80)
+    ({}, 1, 1, 1, 1, 0, 2),                                     # the defaults (NOTES.md, runs 67-83)
     ({"lazy_rescale": 1, "kv_producers": 2, "q_buffers": 1}, 1, 1, 0, 0, 1, 1),
     ({"lazy_rescale": 0}, 0, 0, 0, 0, 0, 2),
     ({"lazy_rescale": 2}, 1, 0, 0, 0, 0, 2),
-    ({"lazy_rescale": 4}, 1, 1, 1, 1, 0, 2),
+    ({"lazy_rescale": 3}, 1, 0, 1, 0, 0, 2),
 ])
 def test_per_kernel_knobs_reach_the_kernels_they_name(tmp_path, overrides, free_lazy, other_lazy, optimistic,
                                                       other_optimistic, separate_v, q_buffers):
