@@ -77,7 +77,7 @@ struct KernelTraits {
     // kernels it measured 2-7% slower (NOTES.md, run 67).
     // 3: as 2, and the free-issue kernel exponentiates a tile against the running maximum before
     // its own maximum is known (OnlineSoftmax::update_optimistic): +9-10% there on the H200 (run 80).
-    // 4: both in every kernel, +7-8.5% on the causal D=128 shapes (run 81).
+    // 4: both in every kernel, +7-8.5% on the causal D=128 shapes (run 81); the default since run 83.
     static_assert(V5_HOPPER_LAZY_RESCALE >= 0 && V5_HOPPER_LAZY_RESCALE <= 4, "lazy_rescale: 0 to 4");
     static constexpr bool kLazyRescale = V5_HOPPER_LAZY_RESCALE == 1 || V5_HOPPER_LAZY_RESCALE == 4 ||
                                          (V5_HOPPER_LAZY_RESCALE >= 2 && kFreeIssue);
