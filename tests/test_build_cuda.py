@@ -122,6 +122,45 @@ def test_two_units_compile_to_objects_and_link_into_one_library(tmp_path: Path) 
     assert hasattr(library, "unit_entry")
 
 
+def test_units_merge_in_runs_only_where_the_variant_allows_and_threads_are_short() -> None:
+    units = ["k.cu", "a.cu", "b.cu", "c.cu", "d.cu"]
+    assert build.unit_groups(units, 1, True) == [units]
+    assert build.unit_groups(units, 2, True) == [["k.cu", "a.cu", "b.cu"], ["c.cu", "d.cu"]]
+    assert build.unit_groups(units, 4, True) == [["k.cu", "a.cu"], ["b.cu"], ["c.cu"], ["d.cu"]]
+    assert build.unit_groups(units, 5, True) == build.unit_groups(units, 8, True) == [[unit] for unit in units]
+    assert build.unit_groups(units, 1, False) == [[unit] for unit in units]
+
+
+@needs_nvcc
+def test_merged_units_build_one_library_from_one_compile(tmp_path: Path) -> None:
+    variant = two_unit_variant(tmp_path, {"merge_units": True})
+    outdir = out_dir(tmp_path)
+    stale = outdir / "merged_unit_7.cu"
+    stale.write_text("#error a merged unit of an earlier build\n")
+    verdict, resources, log_text = build_cuda(variant, "9.0", outdir, jobs=1)
+    assert verdict["status"] == "pass", verdict["reasons"]
+    merged = outdir / "merged_unit_0.cu"
+    sources = [str(variant.folder / "entry.cu"), str(variant.folder / "scale.cu")]
+    assert merged.read_text() == "".join(f'#include "{source}"\n' for source in sources)
+    assert not stale.exists()
+    assert [(unit["source"], unit["merges"]) for unit in verdict["units"]] == [(str(merged), sources)]
+    assert verdict["link"] is None and verdict["command"][-2:] == ["-o", str(outdir / "libtwo_units.so")]
+    assert sorted(record["kernel"] for record in resources) == ["_Z17unit_entry_kernelPf", "_Z17unit_scale_kernelPfi"]
+    assert hasattr(ctypes.CDLL(verdict["artifact"]), "unit_entry")
+    # with a thread per unit the same variant compiles them apart, and no merged unit is left
+    verdict, _, _ = build_cuda(variant, "9.0", outdir, jobs=2)
+    assert [unit["source"] for unit in verdict["units"]] == sources and "merges" not in verdict["units"][0]
+    assert not merged.exists()
+
+
+@needs_nvcc
+def test_an_error_in_a_merged_unit_names_the_file_it_is_in(tmp_path: Path) -> None:
+    variant = two_unit_variant(tmp_path, {"merge_units": True}, scale_cu=SCALE_CU + "\nthis_is_not_cuda;\n")
+    verdict, _, _ = build_cuda(variant, "9.0", out_dir(tmp_path), jobs=1)
+    assert verdict["status"] == "fail" and verdict["artifact"] is None
+    assert "scale.cu(" in verdict["first_error"] and "error" in verdict["first_error"]
+
+
 @needs_nvcc
 def test_single_unit_builds_with_todays_one_command(tmp_path: Path) -> None:
     variant = single_variant(tmp_path)

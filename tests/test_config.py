@@ -214,7 +214,7 @@ def test_with_defaults_on_the_variant_schema():
     filled = schema.with_defaults(meta, schema.load_schema("variant.schema.yaml"))
     assert filled["kernel_regex"] == ".*"
     assert filled["build"] == {"nvcc_flags": [], "allow_warnings": False, "allow_spills": False,
-                               "requires": [], "sass_expect": []}
+                               "requires": [], "merge_units": False, "sass_expect": []}
     assert filled["support"]["max_seq_len"] is None
     assert filled["support"]["min_compute_capability"] == "8.0"
     assert filled["support"]["layouts"] == ["bhsd"]

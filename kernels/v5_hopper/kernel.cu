@@ -1,5 +1,9 @@
 // v5_hopper: the C ABI (kernels/common/evo_sdpa_abi.h) over the per-(dtype, head dim)
 // instantiations in inst_*.cu. The kernel itself is attention_kernel.cuh.
+// tunables.cuh first: a build with fewer threads than units compiles this file in one unit with the
+// instantiations, and tunables.cuh must come before any CuTe header there.
+#include "tunables.cuh"
+
 #include <cuda_runtime.h>
 #include <cutlass/numeric_types.h>
 
@@ -11,6 +15,17 @@ namespace v5_hopper {
 template <class Element, int kHeadDim>
 int launch(void const* q, void const* k, void const* v, void* o, int batch, int heads, int seq_len,
            bool causal, float scale, cudaStream_t stream);
+
+// Each is instantiated in its inst_*.cu only: where a build merges this file with some of them into
+// one unit, launch's definition is visible here, and the others' kernels would be compiled twice.
+#define V5_HOPPER_EXTERN_INSTANCE(ELEMENT, HEAD_DIM) \
+    extern template int launch<ELEMENT, HEAD_DIM>(void const*, void const*, void const*, void*, int, int, int, bool, \
+                                                  float, cudaStream_t);
+V5_HOPPER_EXTERN_INSTANCE(cutlass::half_t, 64)
+V5_HOPPER_EXTERN_INSTANCE(cutlass::half_t, 128)
+V5_HOPPER_EXTERN_INSTANCE(cutlass::bfloat16_t, 64)
+V5_HOPPER_EXTERN_INSTANCE(cutlass::bfloat16_t, 128)
+#undef V5_HOPPER_EXTERN_INSTANCE
 
 template <class Element>
 int dispatch_head_dim(void const* q, void const* k, void const* v, void* o, int B, int H, int S, int D,

@@ -143,6 +143,42 @@ def compile_and_link(nvcc: str, sources: list[str], artifact: Path, gencode: str
     return units, run_step(nvcc_lib.link_command(nvcc, objects, str(artifact), gencode, flags))
 
 
+MERGED_UNIT_PREFIX = "merged_unit_"
+
+
+def unit_groups(sources: list[str], jobs: int | None, merge: bool) -> list[list[str]]:
+    """The translation units each compile reads: one apiece, or, where the variant's units may be
+    merged (build.merge_units) and the build has fewer threads than units, as many runs of
+    consecutive units as it has threads. Each unit of a CuTe variant parses the same headers again:
+    v5_hopper's four instantiations took 102 s one after another and 49 s as one unit (CPU host)."""
+    workers = max(1, jobs or os.cpu_count() or 1)
+    if not merge or workers >= len(sources):
+        return [[source] for source in sources]
+    size, extra = divmod(len(sources), workers)
+    groups, start = [], 0
+    for index in range(workers):
+        end = start + size + (1 if index < extra else 0)
+        groups.append(sources[start:end])
+        start = end
+    return groups
+
+
+def merged_sources(groups: list[list[str]], outdir: Path) -> list[str]:
+    """One file per group: the unit itself, or a file beside the artifact that #includes the group's
+    units in order (kept, so the logged command can be run again). Earlier merged files go first."""
+    for stale in outdir.glob(f"{MERGED_UNIT_PREFIX}*.cu"):
+        stale.unlink()
+    compiled = []
+    for index, group in enumerate(groups):
+        if len(group) == 1:
+            compiled.append(group[0])
+            continue
+        merged = outdir / f"{MERGED_UNIT_PREFIX}{index}.cu"
+        merged.write_text("".join(f'#include "{source}"\n' for source in group))
+        compiled.append(str(merged))
+    return compiled
+
+
 def run_nvcc(nvcc: str, sources: list[str], artifact: Path, gencode: str, flags: list[str],
              include_dirs: list[str], jobs: int | None = None) -> tuple[list[Step], Step | None]:
     """(one step per translation unit, the link step or None). One .cu file builds in one
@@ -184,8 +220,9 @@ def build_cuda(variant: Variant, cc: str, outdir: Path, cutlass_include: str | N
     sass_tools = sass_lib.find_sass_tools() if build["sass_expect"] else None
     gencode = nvcc_lib.arch_gencode(cc)
     artifact = outdir / f"lib{variant.name}.so"
-    cu_sources = [str(p) for p in variant.translation_units]
     outdir.mkdir(parents=True, exist_ok=True)
+    groups = unit_groups([str(p) for p in variant.translation_units], jobs, build["merge_units"])
+    cu_sources = merged_sources(groups, outdir)
     started = time.perf_counter()
     units, link = run_nvcc(nvcc, cu_sources, artifact, gencode, flags, include_dirs, jobs)
     seconds = time.perf_counter() - started
@@ -199,7 +236,8 @@ def build_cuda(variant: Variant, cc: str, outdir: Path, cutlass_include: str | N
     verdict.update(artifact=str(artifact) if returncode == 0 else None, arch=gencode,
                    compile_seconds=round(seconds, 2),
                    command=link.command if link else (units[0].command if len(units) == 1 else None),
-                   units=[{"source": source, **step_record(unit)} for source, unit in zip(cu_sources, units)],
+                   units=[{"source": source, **({"merges": group} if len(group) > 1 else {}), **step_record(unit)}
+                          for source, group, unit in zip(cu_sources, groups, units)],
                    link=step_record(link) if link else None, sass=None, sass_dump=None, tunables=values)
     if any(step.returncode < 0 for step in steps):
         # nvcc was stopped by a signal (a timeout, a cancel): the kernel did not fail, the build did
