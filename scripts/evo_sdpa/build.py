@@ -165,7 +165,7 @@ def unit_groups(sources: list[str], jobs: int | None, merge: bool) -> list[list[
 
 def merged_sources(groups: list[list[str]], outdir: Path) -> list[str]:
     """One file per group: the unit itself, or a file beside the artifact that #includes the group's
-    units in order (kept, so the logged command can be run again). Earlier merged files go first."""
+    units in order (kept, so the logged command can be run again); an earlier build's are removed."""
     for stale in outdir.glob(f"{MERGED_UNIT_PREFIX}*.cu"):
         stale.unlink()
     compiled = []
