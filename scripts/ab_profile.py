@@ -4,8 +4,8 @@ The pipeline profiles one small shape; this profiles any shape (the big causal o
 several builds, the configurations scripts/ab_sweep.py built or any other CUDA variant
 libraries, and prints the metrics the pipeline's analysis reads (its own `key_metrics` and stall
 shares), so a regression between two builds can be traced. ncu runs as the profile stage runs it
-(the library's profile and export commands: full section set, clocks left alone, one call inside
-an NVTX range after warm-up calls).
+(the library's profile and export commands: full section set, clocks left alone, one call between
+the profiler's start and stop after warm-up calls).
 
     python3 scripts/ab_profile.py --sweep-dir /tmp/evo_sdpa_ab_sweep/v4_pipelined \\
         --shape 4,16,2048,128,1 --out $OUT/profile.json
@@ -39,7 +39,6 @@ from evo_sdpa.ncu import clean_csv_text, export_command, key_metrics, parse_raw_
 from evo_sdpa.profiling import NCU_TIMEOUT_S  # noqa: E402
 
 WORK_DIR = Path("/tmp/evo_sdpa_ab_profile")
-NVTX_RANGE = "ab_profile"
 WARMUP_CALLS = 3
 SHOWN = ["duration_us", "issue_active_pct", "tensor_pipe_pct", "fma_pipe_pct", "achieved_occupancy_pct",
          "registers_per_thread", "shared_mem_per_block_bytes", "l2_to_sm_read_bytes", "l2_hit_rate_pct",
@@ -48,7 +47,7 @@ SHOWN = ["duration_us", "issue_active_pct", "tensor_pipe_pct", "fma_pipe_pct", "
 
 
 def target(lib: str, shape: list[int], dtype: str) -> None:
-    """The process ncu profiles: warm-up calls, then one call inside the NVTX range."""
+    """The process ncu profiles: warm-up calls, then one call between the profiler's start and stop."""
     import torch
 
     from evo_sdpa.cuda_abi import CudaVariant
@@ -62,16 +61,16 @@ def target(lib: str, shape: list[int], dtype: str) -> None:
     for _ in range(WARMUP_CALLS):
         forward(q, k, v, out, bool(causal), 1.0 / math.sqrt(D))
     torch.cuda.synchronize()
-    torch.cuda.nvtx.range_push(NVTX_RANGE)
+    torch.cuda.profiler.start()
     forward(q, k, v, out, bool(causal), 1.0 / math.sqrt(D))
     torch.cuda.synchronize()
-    torch.cuda.nvtx.range_pop()
+    torch.cuda.profiler.stop()
 
 
 def profile(ncu: str, name: str, lib: str, shape: str, dtype: str, workdir: Path, source: bool = False) -> dict:
     base = workdir / name.replace("/", "__")
     target_argv = [sys.executable, str(Path(__file__).resolve()), "--target", lib, "--shape", shape, "--dtype", dtype]
-    argv = profile_command(ncu, str(base), target_argv, NVTX_RANGE, 1, f"{base}.log")
+    argv = profile_command(ncu, str(base), target_argv, 1, f"{base}.log")
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
     if proc.returncode != 0:
         return {"name": name, "lib": lib, "error": (proc.stdout + proc.stderr)[-800:]}

@@ -123,11 +123,11 @@ def test_select_kernels(profiles):
 def test_profile_command():
     argv = ncu.profile_command(
         "/usr/local/cuda/bin/ncu", "results/nsight/v/report", ["python", "run.py", "--shape", "2,8,512,64"],
-        nvtx_range="evo_sdpa_profile", launch_count=3, log_file="logs/ncu/v.log",
+        launch_count=3, log_file="logs/ncu/v.log",
     )
     assert argv == [
         "/usr/local/cuda/bin/ncu", "--set", "full", "--clock-control", "none",
-        "--nvtx", "--nvtx-include", "evo_sdpa_profile/", "--launch-count", "3",
+        "--profile-from-start", "off", "--launch-count", "3",
         "--export", "results/nsight/v/report", "--force-overwrite", "--log-file", "logs/ncu/v.log",
         "--", "python", "run.py", "--shape", "2,8,512,64",
     ]

@@ -42,8 +42,15 @@ class CudaVariant:
         if dtype not in DTYPE_CODES:
             raise ValueError(f"dtype {dtype} is not part of the ABI")
         stream = torch.cuda.current_stream(q.device).cuda_stream
-        code = self._forward(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(),
-                             B, H, S, D, int(causal), float(scale), DTYPE_CODES[dtype], stream)
+        self.launch(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), (B, H, S, D), causal, scale,
+                    dtype, stream)
+
+    def launch(self, q: int, k: int, v: int, out: int, shape: tuple[int, int, int, int], causal: bool,
+               scale: float, dtype: str, stream: int | None = None) -> None:
+        """The forward on device pointers (contiguous [B, H, S, D] buffers of `dtype`, 'float16' or
+        'bfloat16'); stream None is the legacy default stream."""
+        B, H, S, D = shape
+        code = self._forward(q, k, v, out, B, H, S, D, int(causal), float(scale), DTYPE_CODES[dtype], stream)
         if code != 0:
             text = self.lib.evo_sdpa_error_string(code).decode(errors="replace")
             raise RuntimeError(f"{self.path.name}: evo_sdpa_forward returned {code}: {text}")

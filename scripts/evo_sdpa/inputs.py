@@ -39,6 +39,38 @@ def make_qkv(B: int, H: int, S: int, D: int, dtype, device, seed: int, distribut
     return tuple(t.to(dtype=dtype).contiguous().to(device) for t in (q, k, v))
 
 
+# The bits of a quiet NaN, and of the exponent field (all ones: inf or NaN), per dtype.
+NAN_BITS = {"fp16": 0x7E00, "bf16": 0x7FC0}
+EXPONENT_BITS = {"fp16": 0x7C00, "bf16": 0x7F80}
+
+
+def host_qkv(B: int, H: int, S: int, D: int, dtype: str, seed: int):
+    """q, k, v drawn normal(0, 1) with NumPy's generator, as uint16 arrays of the dtype's bits
+    ("fp16" or "bf16"): inputs for a process that runs a CUDA variant without torch (the
+    sanitizer's and Nsight Compute's targets). The distribution of make_qkv's "normal", not its
+    numbers."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    return tuple(float_bits(rng.standard_normal((B, H, S, D), dtype=np.float32), dtype) for _ in range(3))
+
+
+def float_bits(values, dtype: str):
+    """float32 values rounded to nearest-even in `dtype`, as uint16 bits (finite values only)."""
+    import numpy as np
+
+    if dtype == "fp16":
+        return values.astype(np.float16).view(np.uint16)
+    bits = values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def all_finite_bits(bits, dtype: str) -> bool:
+    """Whether no element of a `dtype` bit array is inf or NaN."""
+    mask = EXPONENT_BITS[dtype]
+    return not bool(((bits & mask) == mask).any())
+
+
 def reference(q, k, v, causal: bool, scale: float):
     """softmax(q k^T * scale [masked]) v in float64 on the tensors' device, one batch at a time
     so the S x S scores stay small enough for the bench's large shapes."""

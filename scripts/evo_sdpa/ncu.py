@@ -150,19 +150,18 @@ def profile_command(
     ncu: str,
     report_base: str,
     target_argv: list[str],
-    nvtx_range: str,
     launch_count: int,
     log_file: str,
 ) -> list[str]:
-    """Profile the kernels launched inside the NVTX push/pop range `nvtx_range` ("name/" selects a
-    push/pop range in ncu's filter syntax), full section set, clocks left as they run, ncu's own
-    output sent to `log_file` so it never mixes with the target's stdout."""
+    """Profile the first `launch_count` kernels the target launches between its profiler start and
+    stop (cuProfilerStart/cudaProfilerStart), full section set, clocks left as they run, ncu's own
+    output sent to `log_file` so it never mixes with the target's stdout. A start/stop pair rather
+    than an NVTX range: a target without torch can call it through the driver alone."""
     return [
         ncu,
         "--set", "full",
         "--clock-control", "none",
-        "--nvtx",
-        "--nvtx-include", f"{nvtx_range}/",
+        "--profile-from-start", "off",
         "--launch-count", str(launch_count),
         "--export", report_base,
         "--force-overwrite",

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from .ncu import clean_csv_text, export_command, parse_raw_csv, profile_command
 
-NVTX_RANGE = "evo_profile"
 NCU_TIMEOUT_S = 900
 TARGET = Path(__file__).resolve().parents[1] / "ncu_target.py"
 
@@ -27,8 +26,8 @@ def profile(ncu: str, entry: str, build: str | None, shape: dict, dtype: str, la
     outdir.mkdir(parents=True, exist_ok=True)
     report_base = outdir / "report"
     ncu_log = outdir / "ncu.log"
-    argv = profile_command(ncu, str(report_base), target_argv(entry, build, shape, dtype, card), NVTX_RANGE,
-                           launch_count, str(ncu_log))
+    argv = profile_command(ncu, str(report_base), target_argv(entry, build, shape, dtype, card), launch_count,
+                           str(ncu_log))
     started = time.perf_counter()
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=NCU_TIMEOUT_S)
     seconds = time.perf_counter() - started
@@ -43,7 +42,7 @@ def profile(ncu: str, entry: str, build: str | None, shape: dict, dtype: str, la
     csv_text = clean_csv_text(exported.stdout)
     kernels = parse_raw_csv(csv_text)
     if not kernels:
-        return {**record, "status": "fail", "reasons": ["ncu profiled no kernel inside the NVTX range "
-                                                         f"'{NVTX_RANGE}' (see {ncu_log})"]}, ""
+        return {**record, "status": "fail", "reasons": ["ncu profiled no kernel between the target's profiler "
+                                                         f"start and stop (see {ncu_log})"]}, ""
     return {**record, "status": "measured", "reasons": [], "report": str(report),
             "kernels": [k.name for k in kernels]}, csv_text

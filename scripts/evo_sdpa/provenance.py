@@ -41,11 +41,14 @@ def sources_digest(paths: list[Path]) -> str:
     return digest.hexdigest()[:DIGEST_CHARS]
 
 
+NO_CARD = {"name": CPU_DEVICE_ID, "uuid": None, "compute_capability": None}
+
+
 def card() -> dict:
     """The card this process measures on (torch's current device, UUID when the driver gives
     one), or the CPU on a host without a CUDA device."""
     if not cuda_available():
-        return {"name": CPU_DEVICE_ID, "uuid": None, "compute_capability": None}
+        return dict(NO_CARD)
     import torch
 
     index = torch.cuda.current_device()
@@ -65,10 +68,11 @@ def fresh_target_card(folder: str | Path) -> Path:
     return path
 
 
-def report_card(path: str | Path) -> None:
+def report_card(path: str | Path, record: dict | None = None) -> None:
     """A target process's side: write the card it runs on to `path`, for the stage that started it
-    to stamp its record with; exit TARGET_NO_DEVICE_EXIT when torch here sees no CUDA device."""
-    record = card()
+    to stamp its record with; exit TARGET_NO_DEVICE_EXIT when it has no CUDA device. `record` is
+    the card as a target without torch found it (bare.BareProcess); by default torch is asked."""
+    record = card() if record is None else record
     write_json(path, record)
     if record["name"] == CPU_DEVICE_ID:
         raise SystemExit(TARGET_NO_DEVICE_EXIT)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from .bare import ALLOCATION_NOTE
+
 # Measured on an H100 (DESIGN.md): with the caching allocator on, an out-of-bounds write stayed
 # inside the cached segment and went unseen; without padding a read into the neighbour went unseen.
 SANITIZER_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "CUDA_LAUNCH_BLOCKING": "1"}
@@ -116,5 +118,5 @@ def check_variant(sanitizer: str, cfg: dict, variant, build_verdict: Path, log_d
     log_dir.mkdir(parents=True, exist_ok=True)
     result = verdict(run_tools(sanitizer, cfg["tools"], cfg["padding_bytes"], target, log_dir))
     result.update(shape=cfg["shape"], variant_shapes=variant.sanitizer_shapes, padding_bytes=cfg["padding_bytes"],
-                  environment="PYTORCH_NO_CUDA_MEMORY_CACHING=1")
+                  environment=ALLOCATION_NOTE if variant.kind == "cuda" else "PYTORCH_NO_CUDA_MEMORY_CACHING=1")
     return result
