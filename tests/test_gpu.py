@@ -149,3 +149,80 @@ def test_sanitizer_catches_an_out_of_bounds_access(scalar_forward, tmp_path):
     results = run_tools(sanitizer, ["memcheck"], 256, [sys.executable, str(script)], tmp_path)
     assert results[0]["status"] == "fail", results
     assert "Invalid __global__" in results[0]["reason"], results[0]["reason"]
+
+
+# ---------------------------------------------------------------- the torch-free route (bare.py)
+
+def test_bare_route_gives_the_torch_bindings_bits_and_card(scalar_forward):
+    """ncu's and the sanitizer's targets run a CUDA variant through the driver alone: on the same
+    input bits its output is bit for bit the torch binding's, and it names the card torch names."""
+    import numpy as np
+    import torch
+
+    from evo_sdpa.bare import BareCall
+    from evo_sdpa.driver import CudaDriver
+    from evo_sdpa.inputs import host_qkv
+    from evo_sdpa.provenance import card
+
+    driver = CudaDriver()
+    assert driver.card() == card()
+    for dtype, causal in [("fp16", False), ("bf16", True)]:
+        call = BareCall(driver, scalar_forward, 1, 2, 67, 64, dtype, causal, seed=3)
+        call()
+        assert call.output_finite()
+        tdtype = torch.float16 if dtype == "fp16" else torch.bfloat16
+        q, k, v = (torch.from_numpy(x.view(np.int16)).view(tdtype).cuda() for x in host_qkv(1, 2, 67, 64, dtype, 3))
+        out = torch.empty_like(q)
+        scalar_forward(q, k, v, out, causal, 0.125)
+        torch.cuda.synchronize()
+        assert np.array_equal(out.cpu().view(torch.int16).numpy().view(np.uint16), call.host_out)
+        call.free()
+
+
+def test_memcheck_catches_an_out_of_bounds_access_without_torch(scalar_forward, tmp_path):
+    """The planted bug of the test above, on driver allocations of exactly the buffers' size."""
+    from evo_sdpa.device import find_tool
+    from evo_sdpa.sanitizer import run_tools
+
+    sanitizer = find_tool("compute-sanitizer")
+    if sanitizer is None:
+        pytest.skip("needs compute-sanitizer")
+    script = tmp_path / "oob_bare.py"
+    script.write_text(
+        "import sys\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1] / 'scripts')!r})\n"
+        "from evo_sdpa.cuda_abi import CudaVariant\n"
+        "from evo_sdpa.driver import CudaDriver\n"
+        "driver = CudaDriver()\n"
+        f"lib = CudaVariant({str(scalar_forward.path)!r})\n"
+        "q, o = driver.alloc(64 * 64 * 2), driver.alloc(64 * 64 * 2)\n"
+        "lib.launch(q, q, q, o, (1, 1, 65, 64), False, 0.125, 'float16')\n"
+        "driver.synchronize()\n"
+        "assert 'torch' not in sys.modules\n")
+    results = run_tools(sanitizer, ["memcheck"], 256, [sys.executable, str(script)], tmp_path)
+    assert results[0]["status"] == "fail", results
+    assert "Invalid __global__" in results[0]["reason"], results[0]["reason"]
+
+
+def test_ncu_profiles_only_the_call_between_the_profilers_start_and_stop(scalar_forward, tmp_path):
+    """The profile stage's command on a CUDA variant (torch-free target) and on SDPA (torch target):
+    the one profiled call's kernels, never a warm-up's, and the card the target ran on."""
+    import json
+
+    from evo_sdpa.device import find_tool
+    from evo_sdpa.profiling import profile
+    from evo_sdpa.provenance import card, target_card
+
+    ncu = find_tool("ncu")
+    if ncu is None:
+        pytest.skip("needs ncu")
+    verdict = tmp_path / "verdict.json"
+    verdict.write_text(json.dumps({"status": "pass", "artifact": str(scalar_forward.path)}))
+    shape = {"B": 2, "H": 8, "S": 512, "D": 64, "causal": False}
+    status, csv_text = profile(ncu, "v1_scalar", str(verdict), shape, "fp16", 4, tmp_path / "v1",
+                               tmp_path / "v1" / "card.json")
+    assert status["status"] == "measured", status
+    assert len(status["kernels"]) == 1 and "v1_scalar_attention_fwd" in status["kernels"][0], status["kernels"]
+    assert target_card(tmp_path / "v1" / "card.json") == card()
+    status, _ = profile(ncu, "sdpa", None, shape, "fp16", 4, tmp_path / "sdpa", tmp_path / "sdpa" / "card.json")
+    assert status["status"] == "measured" and 1 <= len(status["kernels"]) <= 4, status

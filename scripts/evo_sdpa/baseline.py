@@ -32,17 +32,14 @@ def _row(shape: Shape, dtype: str, backend: str, device: str) -> dict:
 
 
 def gpu_cases(shapes: list[Shape], dtypes: list[str], timing: dict, log) -> list[dict]:
-    from .inputs import make_qkv
-    from .timing import sm_clock_mhz, spin_up_clock, time_shape
+    from .timing import input_set, sm_clock_mhz, spin_up_clock, time_shape
 
     log.info("clock before timing: %s", spin_up_clock())
     rows = []
     for shape in shapes:
         scale = 1.0 / math.sqrt(shape.D)
         for dtype in dtypes:
-            q, k, v = make_qkv(shape.B, shape.H, shape.S, shape.D, torch_dtype(dtype), "cuda", 0)
-            picked = default_backend_choice(q, k, v, shape.causal, scale)
-            del q, k, v
+            picked = default_backend_choice(*input_set(shape, dtype), shape.causal, scale)
             for backend in SDPA_BACKENDS:
                 base = _row(shape, dtype, backend, "cuda")
                 if backend == "default":
