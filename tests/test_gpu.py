@@ -226,3 +226,29 @@ def test_ncu_profiles_only_the_call_between_the_profilers_start_and_stop(scalar_
     assert target_card(tmp_path / "v1" / "card.json") == card()
     status, _ = profile(ncu, "sdpa", None, shape, "fp16", 4, tmp_path / "sdpa", tmp_path / "sdpa" / "card.json")
     assert status["status"] == "measured" and 1 <= len(status["kernels"]) <= 4, status
+
+
+def test_timing_inputs_drawn_on_the_card_and_errors_measured_there():
+    """The timing inputs' generator runs on the card (deterministic per seed there, the same
+    distributions), and error_stats gives the host's answer from the card's tensors."""
+    import torch
+
+    from evo_sdpa.inputs import make_qkv
+    from evo_sdpa.tolerance import error_stats
+
+    for distribution in ("normal", "large", "near_constant", "dominant_key"):
+        fast = make_qkv(2, 3, 257, 64, torch.float16, "cuda", 5, distribution, draw_on_device=True)
+        again = make_qkv(2, 3, 257, 64, torch.float16, "cuda", 5, distribution, draw_on_device=True)
+        host = make_qkv(2, 3, 257, 64, torch.float16, "cuda", 5, distribution)
+        assert all(t.is_cuda and t.shape == (2, 3, 257, 64) and t.dtype == torch.float16 for t in fast)
+        assert all(torch.equal(a, b) for a, b in zip(fast, again))
+        if distribution in ("normal", "large"):  # 98,688 draws a tensor: their spread agrees within 2%
+            for a, b in zip(fast, host):
+                assert abs(a.float().std().item() / b.float().std().item() - 1) < 0.02
+    out = host[0] + torch.randn_like(host[0]) * 1e-2
+    on_card = error_stats(out, host[0].double())
+    on_host = error_stats(out.cpu(), host[0].double().cpu())
+    assert on_card["max_abs"] == on_host["max_abs"] and on_card["nonfinite"] == 0
+    assert abs(on_card["rel_l2"] - on_host["rel_l2"]) < 1e-12
+    out[0, 0, 0, 0] = float("nan")
+    assert error_stats(out, host[0]).get("nonfinite") == 1

@@ -7,14 +7,20 @@ DISTRIBUTIONS = ("normal", "large", "near_constant", "dominant_key")
 LARGE_STD = 10.0
 
 
-def make_qkv(B: int, H: int, S: int, D: int, dtype, device, seed: int, distribution: str = "normal"):
-    """q, k, v as contiguous [B, H, S, D] tensors drawn from `distribution` with `seed`."""
+def make_qkv(B: int, H: int, S: int, D: int, dtype, device, seed: int, distribution: str = "normal",
+             draw_on_device: bool = False):
+    """q, k, v as contiguous [B, H, S, D] tensors drawn from `distribution` with `seed`. Drawn on
+    the CPU, so that a seed gives the same inputs on any host and card (parity's repro), unless
+    `draw_on_device`: then `device`'s own generator draws them, whose values depend on the card
+    but which is faster (4,16,2048,128 took 0.6 s on the CPU of the H200 host). That is for
+    timing inputs, whose values nothing compares."""
     import torch
 
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    where = device if draw_on_device else "cpu"
+    gen = torch.Generator(device=where).manual_seed(seed)
 
     def normal(std: float = 1.0):
-        return torch.randn(B, H, S, D, generator=gen, dtype=torch.float32) * std
+        return torch.randn(B, H, S, D, generator=gen, dtype=torch.float32, device=where) * std
 
     if distribution == "normal":
         q, k, v = normal(), normal(), normal()
@@ -23,7 +29,7 @@ def make_qkv(B: int, H: int, S: int, D: int, dtype, device, seed: int, distribut
     elif distribution == "near_constant":
         # Every key nearly the same: scores in a row tie to ~1e-3, so softmax is almost uniform
         # and any error in the running sum shows.
-        base = torch.randn(B, H, 1, D, generator=gen)
+        base = torch.randn(B, H, 1, D, generator=gen, device=where)
         q = normal()
         k = base + 1e-3 * normal()
         v = base.flip(-1) + 1e-3 * normal()
@@ -31,7 +37,7 @@ def make_qkv(B: int, H: int, S: int, D: int, dtype, device, seed: int, distribut
         # One key aligned with every query: its weight is ~1 and the rest underflow.
         q, k, v = normal(), normal(), normal()
         hot = S // 2
-        direction = torch.randn(B, H, 1, D, generator=gen)
+        direction = torch.randn(B, H, 1, D, generator=gen, device=where)
         q = q + 4.0 * direction
         k[:, :, hot : hot + 1, :] = 8.0 * direction
     else:

@@ -293,18 +293,22 @@ def _input_sets(B: int, H: int, S: int, D: int, dtype: str, seed: int) -> list:
 
 
 def input_set(shape, dtype: str, seed: int = 0, index: int = 0) -> tuple:
-    """make_qkv's q, k, v on the GPU for input set `index` of a timed (shape, dtype), drawn with
-    seed + index. The sets of the last (shape, dtype, seed) asked for are kept: the baseline times
-    five backends in turn on the same inputs, and the CPU generator takes 0.6 s per set at
-    (4,16,2048,128) and 0.2-0.3 s for the 32 sets a small graph-timed shape rotates (H200 host).
-    Callers never write to them."""
+    """make_qkv's q, k, v for input set `index` of a timed (shape, dtype), drawn on the GPU with
+    seed + index. The sets of the last (shape, dtype, seed) asked for are kept, since the baseline
+    times five backends in turn on the same inputs. A caller that writes into them (the bench's
+    recheck) calls drop_input_sets() after."""
     from .inputs import make_qkv
     from .shapes import torch_dtype
 
     sets = _input_sets(shape.B, shape.H, shape.S, shape.D, dtype, seed)
     while len(sets) <= index:
-        sets.append(make_qkv(shape.B, shape.H, shape.S, shape.D, torch_dtype(dtype), "cuda", seed + len(sets)))
+        sets.append(make_qkv(shape.B, shape.H, shape.S, shape.D, torch_dtype(dtype), "cuda", seed + len(sets),
+                             draw_on_device=True))
     return sets[index]
+
+
+def drop_input_sets() -> None:
+    _input_sets.cache_clear()
 
 
 def time_shape(factories: dict[str, Callable], shape, dtype: str, timing: dict, seed: int = 0,

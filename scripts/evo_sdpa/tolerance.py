@@ -24,11 +24,12 @@ class ToleranceRule:
 
 
 def error_stats(out, ref) -> dict:
-    """Max/mean abs error of `out` against `ref` (any float tensors); non-finite values counted."""
+    """Max/mean abs error of `out` against `ref` (any float tensors); non-finite values counted.
+    Computed on `out`'s device: copying float64 outputs to the host took 0.8 s of a bench job."""
     import torch
 
-    out64 = out.detach().to(torch.float64).cpu()
-    ref64 = ref.detach().to(torch.float64).cpu()
+    out64 = out.detach().to(torch.float64)
+    ref64 = ref.detach().to(device=out64.device, dtype=torch.float64)
     nonfinite = int((~torch.isfinite(out64)).sum())
     diff = (out64 - ref64).abs()
     if nonfinite:
