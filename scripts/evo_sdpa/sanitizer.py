@@ -1,5 +1,7 @@
 """compute-sanitizer over a small run of the variant: memcheck, racecheck, initcheck, synccheck,
-with PyTorch's caching allocator off and allocation padding on, each tool's verdict and first error."""
+each buffer its own allocation (a CUDA variant's target runs without torch, on driver allocations;
+a Triton variant's with PyTorch's caching allocator off) and allocation padding on, each tool's
+verdict and first error."""
 from __future__ import annotations
 
 import os
