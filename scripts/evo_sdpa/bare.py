@@ -27,10 +27,9 @@ def open_device(card_path: str | Path | None) -> CudaDriver:
     except (RuntimeError, StageError):
         if card_path is None:
             raise
-        report_card(card_path, dict(NO_CARD))
-        raise  # unreachable: report_card exits
+        driver = None
     if card_path is not None:
-        report_card(card_path, driver.card())
+        report_card(card_path, driver.card() if driver else dict(NO_CARD))  # no card: exits here
     return driver
 
 
