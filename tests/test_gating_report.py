@@ -910,6 +910,7 @@ def test_check_variant_runs_every_tool_on_the_target_with_the_variants_shapes(tm
                                      tmp_path / "logs" / "card.json")
     assert result["status"] == "pass" and [t["tool"] for t in result["tools"]] == ["memcheck", "racecheck"]
     assert result["shape"] == cfg["shape"] and result["variant_shapes"] == v5.sanitizer_shapes
+    assert result["environment"] == sanitizer.ALLOCATION["cuda"], "v5's target allocates through the driver"
     assert {"B": 1, "H": 2, "S": 520} in v5.sanitizer_shapes
     argv = json.loads((tmp_path / "logs" / "memcheck.stdout.log").read_text())
     target = argv[argv.index(str(sanitizer.TARGET)):]

@@ -14,9 +14,6 @@ from .inputs import NAN_BITS, all_finite_bits, host_qkv
 from .provenance import NO_CARD, report_card
 from .shapes import TORCH_DTYPE_NAMES
 
-# What the sanitizer's verdict says about how its target allocates.
-ALLOCATION_NOTE = "one driver allocation per buffer (no torch, no pool)"
-
 
 def open_device(card_path: str | Path | None) -> CudaDriver:
     """The driver with device 0's primary context current. Writes the card to `card_path` when

@@ -71,7 +71,7 @@ def fresh_target_card(folder: str | Path) -> Path:
 def report_card(path: str | Path, record: dict | None = None) -> None:
     """A target process's side: write the card it runs on to `path`, for the stage that started it
     to stamp its record with; exit TARGET_NO_DEVICE_EXIT when it has no CUDA device. `record` is
-    the card as a target without torch found it (bare.BareProcess); by default torch is asked."""
+    the card as a target without torch found it (bare.open_device); by default torch is asked."""
     record = card() if record is None else record
     write_json(path, record)
     if record["name"] == CPU_DEVICE_ID:

@@ -10,11 +10,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from .bare import ALLOCATION_NOTE
-
 # Measured on an H100 (DESIGN.md): with the caching allocator on, an out-of-bounds write stayed
 # inside the cached segment and went unseen; without padding a read into the neighbour went unseen.
 SANITIZER_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1", "CUDA_LAUNCH_BLOCKING": "1"}
+# How each target allocates, as its verdict records it: a CUDA variant's runs without torch (bare.py).
+ALLOCATION = {"cuda": "one driver allocation per buffer (no torch, no pool)",
+              "triton": "PYTORCH_NO_CUDA_MEMORY_CACHING=1"}
 TOOL_TIMEOUT_S = 900
 
 _SUMMARY = re.compile(r"=+ ERROR SUMMARY: (\d+) errors?")
@@ -120,5 +121,5 @@ def check_variant(sanitizer: str, cfg: dict, variant, build_verdict: Path, log_d
     log_dir.mkdir(parents=True, exist_ok=True)
     result = verdict(run_tools(sanitizer, cfg["tools"], cfg["padding_bytes"], target, log_dir))
     result.update(shape=cfg["shape"], variant_shapes=variant.sanitizer_shapes, padding_bytes=cfg["padding_bytes"],
-                  environment=ALLOCATION_NOTE if variant.kind == "cuda" else "PYTORCH_NO_CUDA_MEMORY_CACHING=1")
+                  environment=ALLOCATION[variant.kind])
     return result
