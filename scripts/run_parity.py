@@ -11,7 +11,7 @@ from evo_sdpa.errors import StageError, run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import read_json, write_json
 from evo_sdpa.oracle import oracle_records
-from evo_sdpa.parity import CASE_LIMIT_S, build_matrix, hung_record, run_case, verdict
+from evo_sdpa.parity import CASE_LIMIT_S, build_matrix, hung_record, run_case, table_errors, verdict
 from evo_sdpa.provenance import card, stamp
 from evo_sdpa.tolerance import ToleranceRule
 from evo_sdpa.variants import KERNELS_DIR, load_variant
@@ -29,6 +29,8 @@ def main() -> None:
     p.add_argument("--build", required=True)
     config_arg(p)
     p.add_argument("--out", required=True)
+    p.add_argument("--sdpa-errors", help="SDPA's error per case, measured once on this card (run_sdpa_parity.py); "
+                                         "without it, or where it does not apply, this job calls SDPA itself")
     p.add_argument("--case", help=f"run only the case with this id (what a failure's repro names; {ORACLE_STEP!r}: "
                                   "only the hand-computed oracle's cases)")
     args = p.parse_args()
@@ -59,14 +61,25 @@ def main() -> None:
     forward = load_built(variant, read_json(args.build))
     device = "cuda" if on_gpu else "cpu"
     measured_on = card()  # read now: after a hang only the watchdog's thread still runs
+    known_sdpa, table_unused = {}, "no table given"
+    if args.sdpa_errors:
+        known_sdpa, table_unused = table_errors(read_json(args.sdpa_errors), tier_name, device, measured_on)
+        if table_unused:
+            log.info("parity %s: SDPA's errors measured in this job, not read from %s: %s",
+                     args.variant, args.sdpa_errors, table_unused)
     records: list[dict] = []
     repro = (f"python scripts/run_parity.py --variant {args.variant} --build {args.build} "
              f"--config-json {shlex.quote(json.dumps(cfg))} --out /tmp/parity_case.json")
 
     def finish(done: list[dict]) -> None:
         result = verdict(done, repro)
+        from_table = sum(1 for r in done if r["id"] in known_sdpa)
         result.update(variant=args.variant, device=device, tier=tier_name, gpu_tier=cfg["parity"]["tier"],
-                      interpreter=(not on_gpu), tolerance=cfg["tolerance"], records=done)
+                      interpreter=(not on_gpu), tolerance=cfg["tolerance"],
+                      sdpa_errors={"table": args.sdpa_errors, "from_table": from_table,
+                                   "measured_here": sum(1 for r in done if "sdpa_max_abs" in r) - from_table,
+                                   "table_unused": table_unused},
+                      records=done)
         stamp(result, sources, measured_on_card=True, card_of=lambda: measured_on)
         log.info("parity %s: %s (%d/%d passed, tier %s on %s)", args.variant, result["status"],
                  result["passed"], result["cases"], tier_name, device)
@@ -94,7 +107,7 @@ def main() -> None:
     rule = ToleranceRule.from_config(cfg["tolerance"])
     for case in cases:
         with watchdog.step(case.case_id):
-            record = run_case(case, forward, rule, device)
+            record = run_case(case, forward, rule, device, known_sdpa.get(case.case_id))
         records.append(record)
         if record["status"] != "pass":
             log.info("FAIL %s: %s", record["id"], record["reason"])

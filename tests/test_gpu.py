@@ -240,3 +240,31 @@ def test_timing_inputs_drawn_on_the_card_and_errors_measured_there():
     assert abs(on_card["rel_l2"] - on_host["rel_l2"]) < 1e-12
     out[0, 0, 0, 0] = float("nan")
     assert error_stats(out, host[0]).get("nonfinite") == 1
+
+
+def test_sdpa_table_on_the_card_gives_the_error_the_case_measures_itself():
+    """The table a parity job reads holds, case by case, the error SDPA gives in that job."""
+    from evo_sdpa.parity import sdpa_table, support_matrix, table_errors
+    from evo_sdpa.provenance import card
+
+    tier = {"seq_lens": [17, 128], "batch_heads": [[2, 3]], "seeds": [0], "distributions": ["normal", "large"]}
+    support = {"dtypes": ["fp16", "bf16"], "head_dims": [64, 128]}
+    table = sdpa_table("t", tier, support, "cuda")
+    table["measured_at"] = {"card": card()}
+    errors, why = table_errors(table, "t", "cuda", card())
+    assert why is None and table["stack"]["cudnn"]
+    cases = support_matrix({**support, "causal": [True, False]}, tier)
+    assert sorted(errors) == sorted(c.case_id for c in cases)
+    for case in cases[::5]:
+        assert run_case(case, lambda q, k, v, out, causal, scale: None, RULE, "cuda")["sdpa_max_abs"] == errors[case.case_id]
+
+
+def test_the_clock_is_read_through_nvml_and_agrees_with_nvidia_smi():
+    from evo_sdpa import timing
+
+    if timing.device.find_tool("nvidia-smi") is None:
+        pytest.skip("needs nvidia-smi to compare with")
+    assert timing._nvml() is not None, "NVML did not open this card"
+    assert timing.max_sm_clock_mhz() == timing._smi_clock("clocks.max.sm")
+    timing.spin_up_clock()
+    assert timing.sm_clock_mhz() >= timing.SPIN_UP_FRACTION * timing.max_sm_clock_mhz() * 0.9

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from evo_sdpa.inputs import DISTRIBUTIONS, LARGE_STD, make_qkv, poisoned_like, reference
-from evo_sdpa.parity import ParityCase, build_matrix, run_case, verdict
+from evo_sdpa import parity
+from evo_sdpa.parity import ParityCase, build_matrix, run_case, sdpa_table, table_errors, verdict
 from evo_sdpa.tolerance import ToleranceRule, error_stats
 from evo_sdpa.variants import Variant
 
@@ -275,6 +276,55 @@ def test_forward_that_raises_fails_with_the_exception():
     assert record["status"] == "fail"
     assert record["reason"] == "raised RuntimeError: launch failed: too many resources requested"
     assert "RuntimeError" in record["traceback"]
+
+
+# ---------------------------------------------------------------- SDPA's error table
+
+
+TABLE_TIER = {"seq_lens": [1, 17], "batch_heads": [[1, 2]], "seeds": [0], "distributions": ["normal", "large"]}
+TABLE_SUPPORT = {"dtypes": ["fp16"], "head_dims": [64]}
+CPU_CARD = {"name": "cpu", "uuid": None, "compute_capability": None}
+
+
+def made_table(card=CPU_CARD, **overrides):
+    table = sdpa_table("t", TABLE_TIER, TABLE_SUPPORT, "cpu")
+    table["measured_at"] = {"card": card}
+    return {**table, **overrides}
+
+
+def test_the_table_holds_sdpas_error_on_each_case_both_masks():
+    table = made_table()
+    cases = parity.support_matrix({**TABLE_SUPPORT, "causal": [True, False]}, TABLE_TIER)
+    assert len(cases) == 8 and sorted(table["errors"]) == sorted(c.case_id for c in cases)
+    for case in cases[:2]:
+        assert table["errors"][case.case_id] == run_case(case, sdpa_forward, RULE, "cpu")["sdpa_max_abs"]
+
+
+def test_a_case_judged_on_the_tables_error_never_calls_sdpa(monkeypatch):
+    """The bound is the table's error: SDPA is not called again (here it would raise)."""
+    case = ParityCase("fp16", 1, 2, 17, 64, False, "normal", 0)
+    error = made_table()["errors"][case.case_id]
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: (_ for _ in ()).throw(AssertionError("called")))
+    record = run_case(case, lambda q, k, v, out, causal, scale: out.copy_(reference(q, k, v, causal, scale)),
+                      RULE, "cpu", sdpa_max_abs=error)
+    assert record["status"] == "pass" and record["sdpa_max_abs"] == error
+    assert record["bound"] == pytest.approx(RULE.bound("fp16", error))
+
+
+def test_the_table_is_used_only_where_it_was_measured_as_this_job_measures():
+    table = made_table()
+    errors, why = table_errors(table, "t", "cpu", CPU_CARD)
+    assert why is None and errors == table["errors"]
+    h200 = {"name": "NVIDIA H200", "uuid": "GPU-1111", "compute_capability": "9.0"}
+    for changed, expected in [
+        (dict(table, tier="quick"), "measured with tier 'quick', this job has 't'"),
+        (dict(table, device="cuda"), "measured with device 'cuda'"),
+        (made_table(card=h200), "measured with card 'GPU-1111', this job has 'cpu'"),
+        (dict(table, stack={"torch": "2.0.0", "cudnn": None}), "measured with torch and cuDNN"),
+        ({"status": "measured"}, "not an SDPA error table"),
+    ]:
+        errors, why = table_errors(changed, "t", "cpu", CPU_CARD)
+        assert errors == {} and why.startswith(expected), why
 
 
 # ---------------------------------------------------------------- verdict

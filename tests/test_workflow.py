@@ -60,7 +60,7 @@ def test_dry_run_plans_every_stage_for_every_variant(tmp_path):
         for rule in CHAIN:
             assert (rule, variant) in jobs
     assert ("ncu", "sdpa") in jobs and ("analysis", "sdpa") in jobs
-    assert {("env_capture", ""), ("sdpa_baseline", ""), ("final_summary", "")} <= jobs
+    assert {("env_capture", ""), ("sdpa_baseline", ""), ("sdpa_parity", ""), ("final_summary", "")} <= jobs
     assert ("build_variant", "sdpa") not in jobs
 
 
@@ -94,6 +94,30 @@ def test_a_build_claims_a_thread_per_translation_unit_within_cores(tmp_path):
 
     assert threads("8") == {"v5_hopper": "5", "v1_scalar": "1"}
     assert threads("1") == {"v5_hopper": "1", "v1_scalar": "1"}
+
+
+def test_no_cuda_build_runs_beside_a_timing_job(tmp_path):
+    """With --cores N a CUDA build runs beside the sanitizer, parity and profiles, never beside
+    the baseline or a bench (evo_sdpa.hostshare): their `quiet_host` shares cannot add up."""
+    repo = copy_tree(tmp_path)
+
+    def shares(*args: str) -> dict[tuple[str, str], int]:
+        out = snakemake(repo, "-n", "--cores", "4", "results/final/final_summary.md", *args).stdout
+        found = {}
+        for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
+            rule = re.match(r"(?:local)?rule (\w+):", block.strip())
+            share = re.search(r"resources: .*quiet_host=(\d+)", block)
+            if rule and share:
+                variant = re.search(r"wildcards: variant=(\w+)", block)
+                found[(rule.group(1), variant.group(1) if variant else "")] = int(share.group(1))
+        return found
+
+    one_card = shares()
+    assert one_card[("sdpa_baseline", "")] == 1024 and one_card[("bench", "v1_scalar")] == 1024
+    assert one_card[("build_variant", "v5_hopper")] == 1 and one_card[("build_variant", "triton_flash")] == 0
+    assert not any(rule in {"parity", "sanitizer", "ncu"} for rule, _ in one_card)
+    two_cards = shares("--resources", "gpu=2")
+    assert two_cards[("bench", "v1_scalar")] == 512 and two_cards[("build_variant", "v1_scalar")] == 513
 
 
 def test_evolve_target_runs_after_the_variants_chain(tmp_path):
@@ -280,6 +304,17 @@ def test_every_stage_stamps_where_it_ran(finished_run):
     assert env["card"] == {"name": "cpu", "uuid": None, "compute_capability": None}
     baseline = json.loads((results / "baseline" / "sdpa.json").read_text())
     assert baseline["measured_at"]["card"]["name"] == "cpu" and baseline["rel_spread_bound"] == 0.2
+
+
+def test_parity_takes_sdpas_error_from_the_table_measured_once(finished_run):
+    """One job measures SDPA's error on the tier's cases; every parity job bounds its cases by it."""
+    table = json.loads((finished_run / "results/baseline/sdpa_parity.json").read_text())
+    assert table["measured_at"]["card"]["name"] == "cpu" and table["tier"] == "tiny"
+    result = json.loads((finished_run / "results/parity/triton_flash.json").read_text())
+    matrix = [r for r in result["records"] if "sdpa_max_abs" in r]
+    assert matrix and result["sdpa_errors"]["table_unused"] is None
+    assert result["sdpa_errors"]["from_table"] == len(matrix) and result["sdpa_errors"]["measured_here"] == 0
+    assert all(r["sdpa_max_abs"] == table["errors"][r["id"]] for r in matrix)
 
 
 def test_cpu_summary_claims_only_what_was_checked(finished_run):

@@ -38,7 +38,11 @@ class ParityCase:
 
 def build_matrix(variant: Variant, tier: dict) -> list[ParityCase]:
     """Every case of the variant's declared support that the tier asks for."""
-    support = variant.support
+    return support_matrix(variant.support, tier)
+
+
+def support_matrix(support: dict, tier: dict) -> list[ParityCase]:
+    """Every case of a support (dtypes, head_dims, causal, optional max_seq_len) the tier asks for."""
     cases = []
     for dtype in support["dtypes"]:
         for D in support["head_dims"]:
@@ -53,19 +57,77 @@ def build_matrix(variant: Variant, tier: dict) -> list[ParityCase]:
     return cases
 
 
-def run_case(case: ParityCase, forward, rule: ToleranceRule, device: str) -> dict:
-    """Run one case: the variant twice into NaN-poisoned outputs, SDPA once, one reference."""
-    import torch
+def _case_inputs(case: ParityCase, device: str):
+    """The case's q, k, v (drawn on the CPU from its seed: the same case on any card), its scale
+    and its float64 reference."""
+    scale = 1.0 / math.sqrt(case.D)
+    q, k, v = make_qkv(case.B, case.H, case.S, case.D, torch_dtype(case.dtype), device, case.seed, case.distribution)
+    return q, k, v, scale, reference(q, k, v, case.causal, scale)
+
+
+def _sdpa_max_abs(q, k, v, ref, causal: bool, scale: float) -> float:
     import torch.nn.functional as F
 
-    dtype = torch_dtype(case.dtype)
-    scale = 1.0 / math.sqrt(case.D)
-    q, k, v = make_qkv(case.B, case.H, case.S, case.D, dtype, device, case.seed, case.distribution)
+    return error_stats(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale), ref)["max_abs"]
+
+
+def sdpa_errors(cases: list[ParityCase], device: str) -> dict[str, float]:
+    """SDPA's own max abs error on each case: {case_id: error}, what a variant's bound is made of."""
+    errors = {}
+    for case in cases:
+        q, k, v, scale, ref = _case_inputs(case, device)
+        errors[case.case_id] = _sdpa_max_abs(q, k, v, ref, case.causal, scale)
+    return errors
+
+
+def sdpa_stack(device: str) -> dict:
+    """What SDPA's error depends on besides the case and the card: torch and, on a GPU, cuDNN."""
+    import torch
+
+    cudnn = torch.backends.cudnn.version() if device == "cuda" and torch.backends.cudnn.is_available() else None
+    return {"torch": torch.__version__, "cudnn": cudnn}
+
+
+def sdpa_table(tier_name: str, tier: dict, table_support: dict, device: str) -> dict:
+    """SDPA's error on every case of the tier over `table_support` (dtypes and head dims, both
+    masks), measured once for every variant's parity job: cuDNN builds a plan for each new case
+    shape, 2.7-3.5 s of each job on an H200, 11 s in the first process of a fresh machine."""
+    support = {"dtypes": table_support["dtypes"], "head_dims": table_support["head_dims"], "causal": [True, False]}
+    return {"status": "measured", "tier": tier_name, "device": device, "support": support,
+            "stack": sdpa_stack(device), "errors": sdpa_errors(support_matrix(support, tier), device)}
+
+
+def table_errors(table: dict, tier_name: str, device: str, measured_on: dict) -> tuple[dict[str, float], str | None]:
+    """The table's errors when it was measured as this job measures (the same tier, device, card,
+    torch and cuDNN), else ({}, why not): SDPA's error then comes from this job's own calls."""
+    try:
+        made_on = table["measured_at"]["card"] or {}
+        checks = [
+            ("tier", table["tier"], tier_name),
+            ("device", table["device"], device),
+            ("card", made_on.get("uuid") or made_on.get("name"), measured_on.get("uuid") or measured_on.get("name")),
+            ("torch and cuDNN", table["stack"], sdpa_stack(device)),
+        ]
+        errors = {str(case): float(error) for case, error in table["errors"].items()}
+    except (KeyError, TypeError, AttributeError, ValueError) as exc:
+        return {}, f"not an SDPA error table ({type(exc).__name__}: {exc})"
+    for what, theirs, ours in checks:
+        if theirs != ours:
+            return {}, f"measured with {what} {theirs!r}, this job has {ours!r}"
+    return errors, None
+
+
+def run_case(case: ParityCase, forward, rule: ToleranceRule, device: str,
+             sdpa_max_abs: float | None = None) -> dict:
+    """Run one case: the variant twice into NaN-poisoned outputs, one reference, and SDPA once
+    unless its error on this case is given (`sdpa_max_abs`, from the card's SDPA table)."""
+    import torch
+
+    q, k, v, scale, ref = _case_inputs(case, device)
     record = {"id": case.case_id, **asdict(case)}
-    ref = reference(q, k, v, case.causal, scale)
-    sdpa_out = F.scaled_dot_product_attention(q, k, v, is_causal=case.causal, scale=scale)
-    sdpa_err = error_stats(sdpa_out, ref)
-    record["sdpa_max_abs"] = sdpa_err["max_abs"]
+    if sdpa_max_abs is None:
+        sdpa_max_abs = _sdpa_max_abs(q, k, v, ref, case.causal, scale)
+    record["sdpa_max_abs"] = sdpa_max_abs
     try:
         out_first, out_second = poisoned_like(q), poisoned_like(q)
         forward(q, k, v, out_first, case.causal, scale)
@@ -77,7 +139,7 @@ def run_case(case: ParityCase, forward, rule: ToleranceRule, device: str) -> dic
                       traceback=traceback.format_exc(limit=3))
         return record
     err = error_stats(out_first, ref)
-    passed, bound = rule.judge(case.dtype, err["max_abs"], sdpa_err["max_abs"])
+    passed, bound = rule.judge(case.dtype, err["max_abs"], sdpa_max_abs)
     deterministic = bool(torch.equal(out_first, out_second))
     record.update(max_abs=err["max_abs"], mean_abs=err["mean_abs"], rel_l2=err["rel_l2"],
                   nonfinite=err["nonfinite"], bound=bound, deterministic=deterministic)
@@ -86,7 +148,7 @@ def run_case(case: ParityCase, forward, rule: ToleranceRule, device: str) -> dic
                                             "(unwritten elements stay NaN-poisoned)")
     elif not passed:
         record.update(status="fail", reason=f"max abs error {err['max_abs']:.3g} above bound {bound:.3g} "
-                                            f"(SDPA's own error {sdpa_err['max_abs']:.3g})")
+                                            f"(SDPA's own error {sdpa_max_abs:.3g})")
     elif not deterministic:
         record.update(status="fail", reason="two runs on the same input disagree")
     else:

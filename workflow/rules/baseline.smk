@@ -13,7 +13,7 @@ rule sdpa_baseline:
         device=DEVICE_ID,
         cfg=config_json("shape_suites", "baseline_suite", "dtypes", "timing", "cpu_baseline_max_gflop"),
     resources:
-        **gpu_request(),
+        **timing_request(),
     shell:
         logged("python3 {input.script} --env {input.env} --config-json {params.cfg:q}"
                " --json {output.json} --csv {output.csv}")

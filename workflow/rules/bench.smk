@@ -16,7 +16,7 @@ rule bench:
         device=DEVICE_ID,
         cfg=config_json("shape_suites", "bench_suite", "dtypes", "timing", "tolerance"),
     resources:
-        **gpu_request(),
+        **timing_request(),
     shell:
         logged("python3 {input.script} --variant {wildcards.variant} --env {input.env}"
                " --build {input.build} --sanitizer {input.sanitizer} --parity {input.parity}"

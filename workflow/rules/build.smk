@@ -17,6 +17,7 @@ rule build_variant:
     threads: build_threads
     resources:
         gpu=build_gpu_slots,
+        quiet_host=build_quiet_shares,
     shell:
         logged("python3 {input.script} --variant {wildcards.variant} --compute-capability {params.cc}"
                " --config-json {params.cfg:q} --verdict {output.verdict} --resources {output.resources}"

@@ -12,6 +12,7 @@ from evo_sdpa.config import check_config
 from evo_sdpa.deps import library_inputs, variant_inputs
 from evo_sdpa.device import device_id, query_gpu_cached
 from evo_sdpa.errors import StageError
+from evo_sdpa.hostshare import QUIET_HOST, build_shares, timing_shares
 from evo_sdpa.io import rebuild_hint
 from evo_sdpa.pycache import use_bytecode_cache
 from evo_sdpa.variants import RESERVED, SDPA_ENTRY, discover, select
@@ -100,6 +101,26 @@ def gpu_request():
     if model:
         request["constraint"] = model
     return request
+
+
+def gpu_job_limit():
+    """How many GPU jobs may run at once (--resources gpu=N, else the 1 limit_gpu_jobs sets)."""
+    limit = workflow.global_resources.get("gpu")
+    limit = getattr(limit, "value", limit)  # Snakemake 9 wraps it in a Resource
+    return max(1, int(limit)) if isinstance(limit, (int, float)) else 1
+
+
+def timing_request():
+    """A timing job's resources (the baseline, the bench, an evolution): its GPU and, when run on
+    this host, its share of `quiet_host` (evo_sdpa.hostshare): no CUDA build runs beside it."""
+    return {**gpu_request(), "quiet_host": lambda wildcards: timing_shares(gpu_job_limit()) if workflow.local_exec else 0}
+
+
+def build_quiet_shares(wildcards):
+    """An nvcc build's share of `quiet_host` on this host; a Triton build holds the GPU instead."""
+    if known_variant(wildcards.variant).kind != "cuda" or not workflow.local_exec:
+        return 0
+    return build_shares(gpu_job_limit())
 
 
 def host_threads():
@@ -207,9 +228,12 @@ def warn_missing_intermediates(inputs, product):
 
 def limit_gpu_jobs():
     """One job holds the GPU at a time unless --resources gpu=N (or a profile) says otherwise,
-    so `snakemake --cores 8` never overlaps two timing jobs on one card."""
+    so `snakemake --cores 8` never overlaps two timing jobs on one card; and no CUDA build runs
+    beside a timing job (timing_request, build_quiet_shares)."""
     if "gpu" not in workflow.global_resources:
         workflow.register_resource("gpu", 1)
+    if "quiet_host" not in workflow.global_resources:
+        workflow.register_resource("quiet_host", QUIET_HOST)
 
 
 limit_gpu_jobs()

@@ -19,7 +19,7 @@ rule evolve:
         cfg=config_json("evolve", "shape_suites", "timing", "tolerance", "parity", "sanitizer", "stages", "build"),
     threads: host_threads()
     resources:
-        **gpu_request(),
+        **timing_request(),
     shell:
         logged("python3 {input.script} --variant {wildcards.variant} --env {input.env} --analysis {input.analysis}"
                " --compute-capability {params.cc} --device {params.device:q} --jobs {threads}"
