@@ -199,7 +199,7 @@ def test_every_gpu_stage_of_the_workflow_takes_a_card_and_records_it(tmp_path):
     counts, problems = cardlock.check(locks)
     assert problems == [] and set(counts) <= {"fakeA", "fakeB"}
     jobs = sorted(e["job"] for events in cardlock.read_log(locks).values() for e in events if e["event"] == "released")
-    assert jobs == sorted(["env_capture", "sdpa_baseline", "ncu sdpa", "build_variant triton_flash",
+    assert jobs == sorted(["env_capture", "sdpa_baseline", "sdpa_parity", "ncu sdpa", "build_variant triton_flash",
                            *(f"{stage} {v}" for stage in ("sanitizer", "parity", "bench") for v in ("triton_flash", "v1_scalar"))])
     parity = json.loads((root / "results/parity/triton_flash.json").read_text())
     assert parity["measured_at"]["lock"]["card"] in {"fakeA", "fakeB"}
