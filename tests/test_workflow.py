@@ -83,8 +83,9 @@ def test_one_variant_chain_to_its_profile(tmp_path):
 
 
 def test_a_build_claims_a_thread_per_translation_unit_within_cores(tmp_path):
-    """v5_hopper compiles five .cu units at once given the cores, one at a time with --cores 1;
-    the build never runs more nvcc processes than Snakemake gave it threads."""
+    """v5_hopper compiles five .cu units at once given the cores, one at a time with --cores 1 or 2
+    (one core is left to the GPU jobs); the build never runs more nvcc processes than Snakemake
+    gave it threads."""
     repo = copy_tree(tmp_path)
     targets = ["results/build/v5_hopper/verdict.json", "results/build/v1_scalar/verdict.json"]
 
@@ -94,6 +95,8 @@ def test_a_build_claims_a_thread_per_translation_unit_within_cores(tmp_path):
 
     assert threads("8") == {"v5_hopper": "5", "v1_scalar": "1"}
     assert threads("1") == {"v5_hopper": "1", "v1_scalar": "1"}
+    assert threads("2") == {"v5_hopper": "1", "v1_scalar": "1"}, "a core is left to the card's jobs"
+    assert threads("4") == {"v5_hopper": "3", "v1_scalar": "1"}
 
 
 def test_no_cuda_build_runs_beside_a_timing_job(tmp_path):

@@ -133,9 +133,12 @@ def host_threads():
 
 
 def build_threads(wildcards):
-    """One per translation unit a CUDA build compiles at once (Snakemake caps it at --cores)."""
+    """One per translation unit a CUDA build compiles at once, within --cores less one when run
+    here: the card's jobs need a core too, and at --cores 2 v5's build took both and left the card
+    idle for 70 s (NOTES.md, run 96)."""
     variant = known_variant(wildcards.variant)
-    return max(1, len(variant.translation_units)) if variant.kind == "cuda" else 1
+    units = max(1, len(variant.translation_units)) if variant.kind == "cuda" else 1
+    return max(1, min(units, host_threads() - 1)) if workflow.local_exec else units
 
 
 def build_gpu_slots(wildcards):
