@@ -11,7 +11,8 @@ from evo_sdpa.errors import StageError, run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
 from evo_sdpa.io import read_json, write_json
 from evo_sdpa.oracle import oracle_records
-from evo_sdpa.parity import CASE_LIMIT_S, build_matrix, hung_record, run_case, table_errors, verdict
+from evo_sdpa.parity import (CASE_LIMIT_S, build_matrix, hung_record, run_case, table_errors, tier_name,
+                             verdict)
 from evo_sdpa.provenance import card, stamp
 from evo_sdpa.tolerance import ToleranceRule
 from evo_sdpa.variants import KERNELS_DIR, load_variant
@@ -40,7 +41,7 @@ def main() -> None:
     variant = load_variant(KERNELS_DIR / args.variant)
     sources = variant_inputs(variant)
     on_gpu = cuda_available()
-    tier_name = cfg["parity"]["tier"] if on_gpu else cfg["parity"]["cpu_tier"]
+    tier = tier_name(cfg["parity"], on_gpu)
     cause = blocked_by(build=args.build)
     if cause:
         write_json(args.out, stamp(skipped_for("not run", cause, variant=args.variant), sources))
@@ -63,7 +64,7 @@ def main() -> None:
     measured_on = card()  # read now: after a hang only the watchdog's thread still runs
     known_sdpa, table_unused = {}, "no table given"
     if args.sdpa_errors:
-        known_sdpa, table_unused = table_errors(read_json(args.sdpa_errors), tier_name, device, measured_on)
+        known_sdpa, table_unused = table_errors(read_json(args.sdpa_errors), tier, device, measured_on)
         if table_unused:
             log.info("parity %s: SDPA's errors measured in this job, not read from %s: %s",
                      args.variant, args.sdpa_errors, table_unused)
@@ -74,7 +75,7 @@ def main() -> None:
     def finish(done: list[dict]) -> None:
         result = verdict(done, repro)
         from_table = sum(1 for r in done if r["id"] in known_sdpa)
-        result.update(variant=args.variant, device=device, tier=tier_name, gpu_tier=cfg["parity"]["tier"],
+        result.update(variant=args.variant, device=device, tier=tier, gpu_tier=cfg["parity"]["tier"],
                       interpreter=(not on_gpu), tolerance=cfg["tolerance"],
                       sdpa_errors={"table": args.sdpa_errors, "from_table": from_table,
                                    "measured_here": sum(1 for r in done if "sdpa_max_abs" in r) - from_table,
@@ -82,7 +83,7 @@ def main() -> None:
                       records=done)
         stamp(result, sources, measured_on_card=True, card_of=lambda: measured_on)
         log.info("parity %s: %s (%d/%d passed, tier %s on %s)", args.variant, result["status"],
-                 result["passed"], result["cases"], tier_name, device)
+                 result["passed"], result["cases"], tier, device)
         write_json(args.out, result)
 
     def hung(step: str, limit_s: float) -> None:
@@ -95,14 +96,14 @@ def main() -> None:
     watchdog = StepWatchdog(CASE_LIMIT_S, hung)
     with watchdog.step(ORACLE_STEP):
         oracle = oracle_records(variant, forward, device)
-    cases = build_matrix(variant, cfg["parity"]["tiers"][tier_name])
+    cases = build_matrix(variant, cfg["parity"]["tiers"][tier])
     if args.case == ORACLE_STEP:
         cases = []
     elif args.case:
         oracle = [r for r in oracle if r["id"] == args.case]
         cases = [c for c in cases if c.case_id == args.case]
         if not cases and not oracle:
-            raise StageError(f"no parity case {args.case!r} in tier {tier_name!r} for {args.variant}")
+            raise StageError(f"no parity case {args.case!r} in tier {tier!r} for {args.variant}")
     records.extend(oracle)
     rule = ToleranceRule.from_config(cfg["tolerance"])
     for case in cases:

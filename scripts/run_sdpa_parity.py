@@ -5,7 +5,7 @@ from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.device import cuda_available
 from evo_sdpa.errors import run_stage
 from evo_sdpa.io import write_json
-from evo_sdpa.parity import sdpa_table
+from evo_sdpa.parity import sdpa_table, tier_name
 from evo_sdpa.provenance import stamp
 
 
@@ -18,10 +18,10 @@ def main() -> None:
     hold_card("sdpa_parity", log)
     parity = args.config_json["parity"]
     device = "cuda" if cuda_available() else "cpu"
-    tier_name = parity["tier"] if device == "cuda" else parity["cpu_tier"]
-    table = sdpa_table(tier_name, parity["tiers"][tier_name], parity["sdpa_table"], device)
+    tier = tier_name(parity, device == "cuda")
+    table = sdpa_table(tier, parity["tiers"][tier], parity["sdpa_table"], device)
     stamp(table, measured_on_card=True)
-    log.info("sdpa_parity: SDPA's error on %d cases (tier %s on %s)", len(table["errors"]), tier_name, device)
+    log.info("sdpa_parity: SDPA's error on %d cases (tier %s on %s)", len(table["errors"]), tier, device)
     write_json(args.out, table)
 
 

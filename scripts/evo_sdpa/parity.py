@@ -36,6 +36,12 @@ class ParityCase:
                 f"-{self.distribution}-seed{self.seed}")
 
 
+def tier_name(parity_cfg: dict, on_gpu: bool) -> str:
+    """The tier parity runs here (config `parity`): the GPU tier on a card, else the CPU tier. The
+    SDPA table and every parity job take it from here, so the two agree."""
+    return parity_cfg["tier"] if on_gpu else parity_cfg["cpu_tier"]
+
+
 def build_matrix(variant: Variant, tier: dict) -> list[ParityCase]:
     """Every case of the variant's declared support that the tier asks for."""
     return support_matrix(variant.support, tier)
