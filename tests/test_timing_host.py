@@ -14,9 +14,11 @@ from evo_sdpa.stats import StopRule
 class FakeEvent:
     """A CUDA event on a fake clock: record() stamps the GPU time the fake stream has reached."""
     clock = [0.0]
+    made = [0]
 
     def __init__(self, enable_timing=True):
         self.t = None
+        FakeEvent.made[0] += 1
 
     def record(self, stream=None):
         self.t = FakeEvent.clock[0]
@@ -33,6 +35,7 @@ def fake_cuda(monkeypatch):
                                  current_stream=lambda: types.SimpleNamespace(cuda_stream=0))
     monkeypatch.setattr(torch, "cuda", cuda)
     FakeEvent.clock[0] = 0.0
+    FakeEvent.made[0] = 0
     return cuda
 
 
@@ -53,6 +56,18 @@ def test_each_call_records_its_host_time_beside_its_gpu_time(fake_cuda):
     assert samples["slow_host"][0] == pytest.approx(100.0) and samples["fast_host"][0] == pytest.approx(50.0)
     assert min(host["slow_host"]) >= 3000.0 > max(host["fast_host"])  # from the flush's queueing on
     assert len(host["slow_host"]) == len(samples["slow_host"]) >= 5
+
+
+def test_each_callable_keeps_one_pair_of_events_for_the_whole_loop(fake_cuda):
+    """Events made per sample cost host time inside the timed interval and widened SDPA's spread
+    (run 98); reused, every sample must still be its own callable's, in both round orders."""
+    rule = StopRule(min_samples=40, min_time_ms=0.0, max_time_ms=10_000.0, rel_spread=1.0, p50_precision=1.0)
+    samples, _, _ = timing._interleaved_samples(
+        {"long": gpu_work(100.0), "short": gpu_work(7.0), "mid": gpu_work(30.0)}, rule,
+        before_each=gpu_work(50.0), calls_per_sample=1)
+    assert len(samples["long"]) >= 40
+    assert set(samples["long"]) == {100.0} and set(samples["short"]) == {7.0} and set(samples["mid"]) == {30.0}
+    assert FakeEvent.made[0] == 6
 
 
 def test_gpu_time_of_the_flush_is_what_hides_host_time(fake_cuda):

@@ -174,31 +174,36 @@ def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
     `before_each` runs outside the timed region (L2 reset and flush). Also returns each call's
     host time from the moment the work before it was queued to the call's return: while the GPU
     still runs that work the host time is hidden; beyond it, the GPU idles inside the timed
-    interval."""
+    interval.
+
+    Each callable keeps one pair of events for the whole loop, recorded again each round after the
+    last round was read: a pair made per sample cost 6-9 µs of host time against 2.5 µs, slowed
+    the call after it, and widened SDPA's GPU-time spread at (1,8,512,64) from 0.05 to 0.35-0.67
+    (H200, NOTES.md of v5_hopper, run 98)."""
     import torch
 
     names = list(timed)
     samples: dict[str, list[float]] = {name: [] for name in names}
     host: dict[str, list[float]] = {name: [] for name in names}
     stream = torch.cuda.current_stream()
+    pairs = {name: (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for name in names}
     start_wall = time.perf_counter()
     ended_by = None
     round_index = 0
     next_check = 1
     while ended_by is None:
         order = names if round_index % 2 == 0 else names[::-1]
-        events = []
         for name in order:
+            begin, end = pairs[name]
             before_each()
             launched = time.perf_counter()
-            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             begin.record(stream)
             timed[name]()
             host[name].append((time.perf_counter() - launched) * 1e6 / calls_per_sample)
             end.record(stream)
-            events.append((name, begin, end))
         torch.cuda.synchronize()
-        for name, begin, end in events:
+        for name in order:
+            begin, end = pairs[name]
             samples[name].append(begin.elapsed_time(end) * 1e3 / calls_per_sample)
         round_index += 1
         wall_ms = (time.perf_counter() - start_wall) * 1e3
