@@ -177,10 +177,10 @@ def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
     interval.
 
     Each callable keeps one pair of events for the whole loop, recorded again each round after the
-    last round was read. A pair made per sample cost 6-9 µs of host time against 2.5 µs, and the
-    end event was created after the call returned, inside the timed interval of a call shorter
-    than that: SDPA's GPU-time spread at (1,8,512,64) was 0.35-0.67 against 0.02-0.06 (H200,
-    NOTES.md of v5_hopper, run 98)."""
+    last round was read. A pair made per sample cost 6-9 µs of host time against 2.5 µs, and torch
+    creates an event's CUDA handle at its first record, so the end event's was made after the call
+    returned, which can fall inside a short call's timed interval. SDPA's GPU-time spread at
+    (1,8,512,64) was 0.35-0.67 that way against 0.02-0.06 (H200, NOTES.md of v5_hopper, run 98)."""
     import torch
 
     names = list(timed)
