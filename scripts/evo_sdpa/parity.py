@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass
 
 from .inputs import make_qkv, poisoned_like, reference
 from .shapes import torch_dtype
-from .tolerance import ToleranceRule, error_stats
+from .tolerance import ToleranceRule, error_stats, sdpa_error
 from .variants import Variant
 
 
@@ -71,18 +71,12 @@ def _case_inputs(case: ParityCase, device: str):
     return q, k, v, scale, reference(q, k, v, case.causal, scale)
 
 
-def _sdpa_max_abs(q, k, v, ref, causal: bool, scale: float) -> float:
-    import torch.nn.functional as F
-
-    return error_stats(F.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=scale), ref)["max_abs"]
-
-
 def sdpa_errors(cases: list[ParityCase], device: str) -> dict[str, float]:
     """SDPA's own max abs error on each case: {case_id: error}, what a variant's bound is made of."""
     errors = {}
     for case in cases:
         q, k, v, scale, ref = _case_inputs(case, device)
-        errors[case.case_id] = _sdpa_max_abs(q, k, v, ref, case.causal, scale)
+        errors[case.case_id] = sdpa_error(q, k, v, ref, case.causal, scale)
     return errors
 
 
@@ -132,7 +126,7 @@ def run_case(case: ParityCase, forward, rule: ToleranceRule, device: str,
     q, k, v, scale, ref = _case_inputs(case, device)
     record = {"id": case.case_id, **asdict(case)}
     if sdpa_max_abs is None:
-        sdpa_max_abs = _sdpa_max_abs(q, k, v, ref, case.causal, scale)
+        sdpa_max_abs = sdpa_error(q, k, v, ref, case.causal, scale)
     record["sdpa_max_abs"] = sdpa_max_abs
     try:
         out_first, out_second = poisoned_like(q), poisoned_like(q)

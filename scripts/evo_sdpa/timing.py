@@ -68,6 +68,7 @@ def sm_clock_mhz() -> int | None:
 
 
 def max_sm_clock_mhz() -> int | None:
+    """The SM clock's maximum on this process's card (read, never set)."""
     return _clock(lambda card: card.max_sm_clock_mhz(), "clocks.max.sm")
 
 
