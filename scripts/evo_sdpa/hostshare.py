@@ -1,6 +1,6 @@
-"""How timing jobs and CUDA builds share one host under `--cores N`: a timing job's eager p50s
-hold host time (a call's launch hides only behind the L2 flush queued before it), so nvcc
-processes on the same host move them. Both ask for shares of one Snakemake resource,
+"""How timing jobs and CUDA builds share one host under `--cores N`: a timing job records each
+eager call's host time beside its GPU time (and flags host-bound calls by it), and nvcc
+processes on the same host move it. Both ask for shares of one Snakemake resource,
 `quiet_host`, of QUIET_HOST in all: the shares are sized so that up to one timing job per GPU
 slot runs at once, no build runs beside a timing job, and with one GPU slot any number of builds
 run beside each other and beside the jobs that time nothing (sanitizer, parity, profiles)."""

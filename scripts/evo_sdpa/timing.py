@@ -7,7 +7,9 @@ import time
 from typing import Callable
 
 from . import device
+from .errors import StageError
 from .stats import StopRule, percentile, summarize
+from .streamgate import StreamGate
 
 # Buffer written between timed eager calls: twice the L2, so no input survives in the cache.
 FLUSH_FACTOR = 2
@@ -169,13 +171,15 @@ def _warm(call: Callable[[], None], warmup_ms: float) -> None:
 
 
 def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
-                         before_each: Callable[[], None], calls_per_sample: int) -> tuple[dict, dict, str]:
+                         before_each: Callable[[], None], calls_per_sample: int,
+                         gate=None) -> tuple[dict, dict, str]:
     """Sample every callable between CUDA events on one stream, round by round, until the stop
     rule ends it. The order alternates each round so neither side always runs on a warmer GPU;
-    `before_each` runs outside the timed region (L2 reset and flush). Also returns each call's
-    host time from the moment the work before it was queued to the call's return: while the GPU
-    still runs that work the host time is hidden; beyond it, the GPU idles inside the timed
-    interval.
+    `before_each` runs outside the timed region (L2 reset and flush). With a `gate`
+    (streamgate.StreamGate) closed before the begin event and opened after the end event is
+    queued, the GPU reaches the call only once all of it is queued, so the host's time never
+    lands in the interval; it is returned beside the samples, per call, from the begin event's
+    record to the call's return.
 
     Each callable keeps one pair of events for the whole loop, recorded again each round after the
     last round was read. A pair made per sample cost 6-9 µs of host time against 2.5 µs, and torch
@@ -198,11 +202,22 @@ def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
         for name in order:
             begin, end = pairs[name]
             before_each()
+            forced = gate.forced if gate else 0
+            if gate:
+                gate.close()
             launched = time.perf_counter()
-            begin.record(stream)
-            timed[name]()
-            host[name].append((time.perf_counter() - launched) * 1e6 / calls_per_sample)
-            end.record(stream)
+            try:
+                begin.record(stream)
+                timed[name]()
+                host[name].append((time.perf_counter() - launched) * 1e6 / calls_per_sample)
+                end.record(stream)
+            finally:
+                if gate:
+                    gate.open()
+            if gate and gate.forced != forced:
+                raise StageError(f"timing {name}: its call waited for the GPU inside itself (a synchronise, "
+                                 ".item() or cudaFree) while the stream was gated; a timed call must only "
+                                 "queue work: take the synchronisation out of it")
         torch.cuda.synchronize()
         for name in order:
             begin, end = pairs[name]
@@ -220,26 +235,23 @@ def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
     return samples, host, ended_by
 
 
-def gpu_time_us(call: Callable[[], None], repeats: int = 5) -> float:
-    """The median GPU time of `call` between CUDA events, the queue drained before each."""
+def _gated_samples(timed: dict[str, Callable[[], None]], rule: StopRule, before_each: Callable[[], None],
+                   calls_per_sample: int) -> tuple[dict, dict, str]:
+    """_interleaved_samples behind a gate on the current stream, released however sampling ends."""
     import torch
 
-    stream = torch.cuda.current_stream()
-    times = []
-    for _ in range(repeats):
-        torch.cuda.synchronize()
-        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        begin.record(stream)
-        call()
-        end.record(stream)
-        torch.cuda.synchronize()
-        times.append(begin.elapsed_time(end) * 1e3)
-    return percentile(times, 50)
+    gate = StreamGate(torch.cuda.current_stream().cuda_stream)
+    try:
+        return _interleaved_samples(timed, rule, before_each, calls_per_sample, gate)
+    finally:
+        gate.release()
 
 
 def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: float,
                flush: bool) -> dict:
-    """Time each callable alone, one call a sample, with L2 flushed before each call."""
+    """Time each callable alone, one call a sample, with L2 flushed before each call. The samples
+    are GPU time: the stream is gated while the host queues the call, whose host time per call
+    is reported beside them."""
     import torch
 
     flusher = L2Flusher(FLUSH_FACTOR * l2_bytes()) if flush else None
@@ -252,13 +264,11 @@ def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: 
 
     for call in calls.values():
         _warm(call, warmup_ms)
-    # Host time up to this much is hidden: the GPU is still on the flush while the host launches.
-    hidden_us = gpu_time_us(before_each)
-    samples, host, ended_by = _interleaved_samples(calls, rule, before_each, calls_per_sample=1)
+    samples, host, ended_by = _gated_samples(calls, rule, before_each, calls_per_sample=1)
     cache = "L2 flushed before each call" if flush else "L2 not flushed"
     if reset_l2.available:
         cache += "; persisting-L2 window reset"
-    return _results(samples, ended_by, mode="eager", cache=cache, host=host, hidden_us=hidden_us)
+    return _results(samples, ended_by, mode="eager", cache=cache, host=host)
 
 
 def capture_graph(call: Callable[[int], None], n_sets: int, graph_calls: int):
@@ -281,15 +291,16 @@ def capture_graph(call: Callable[[int], None], n_sets: int, graph_calls: int):
 
 def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls: int,
                rule: StopRule, warmup_ms: float) -> dict:
-    """Replay a captured graph of `graph_calls` calls; a sample is replay time / graph_calls."""
+    """Replay a captured graph of `graph_calls` calls; a sample is replay time / graph_calls, the
+    stream gated while the host launches the replay."""
     import torch
 
     graphs = {name: capture_graph(call, n_sets, graph_calls) for name, call in calls.items()}
     for graph in graphs.values():
         _warm(graph.replay, warmup_ms)
     reset_l2 = PersistingL2Reset(torch.cuda.current_stream().cuda_stream)
-    samples, _, ended_by = _interleaved_samples({name: g.replay for name, g in graphs.items()}, rule,
-                                                reset_l2, calls_per_sample=graph_calls)
+    samples, _, ended_by = _gated_samples({name: g.replay for name, g in graphs.items()}, rule, reset_l2,
+                                          calls_per_sample=graph_calls)
     cache = f"{n_sets} input sets rotated per replay" + (
         " (together larger than L2)" if n_sets > 1 else " (one set: fits in L2)")
     if reset_l2.available:
@@ -304,16 +315,15 @@ def input_sets_beyond_l2(set_bytes: int, cap: int) -> int:
 
 
 def _results(samples: dict[str, list[float]], ended_by: str, mode: str, cache: str,
-             host: dict[str, list[float]] | None = None, hidden_us: float | None = None) -> dict:
+             host: dict[str, list[float]] | None = None) -> dict:
     """Per callable: its samples and their statistics; in eager mode also the p50 of its host
-    time per call and the GPU time before each call that hides host time (`hidden_us`)."""
+    time per call."""
     results = {}
     for name, s in samples.items():
         results[name] = {"samples_us": s, "stats": summarize(s), "ended_by": ended_by,
                          "mode": mode, "cache": cache}
         if host is not None:
             results[name]["host_p50_us"] = percentile(host[name], 50)
-            results[name]["hidden_us"] = hidden_us
     return results
 
 
