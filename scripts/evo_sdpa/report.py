@@ -96,6 +96,24 @@ def speedup_rows(bench: dict) -> list[dict]:
     return rows
 
 
+def eager_rows(bench: dict) -> list[dict]:
+    """Every measured case's eager timing: the GPU p50s (the stream gated while the host queues a
+    call) beside each side's host time per call, which paces calls made back to back from Python."""
+    rows = []
+    for case in bench.get("cases", []):
+        mode = case.get("modes", {}).get("eager") if case["status"] == "measured" else None
+        if mode is None:
+            continue
+        rows.append({
+            "shape": case["label"], "dtype": case["dtype"], "primary": case["primary_mode"] == "eager",
+            "variant_p50_us": mode["variant"]["p50_us"], "sdpa_p50_us": mode["sdpa"]["p50_us"],
+            "speedup_p50": mode["speedup_p50"], "firm": mode["ended_by"] in FIRM_ENDINGS,
+            "ended_by": mode["ended_by"], "variant_host_us": mode.get("variant_host_us"),
+            "sdpa_host_us": mode.get("sdpa_host_us"), "host_flag": mode.get("host_flag"),
+        })
+    return rows
+
+
 def geomean(values: list[float]) -> float | None:
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
@@ -184,6 +202,7 @@ def variant_entry(layout: ResultsLayout, name: str) -> dict:
                                                           "worst_passing_max_abs")},
         "sanitizer_tools": records["sanitizer"].get("tools", []),
         "speedups": speedups,
+        "eager": eager_rows(records["bench"]),
         "geomean_speedup_p50": geomean([r["speedup_p50"] for r in speedups]),
         "sanity_flags": records["bench"].get("sanity_flags", []),
         "repeat_flags": records["bench"].get("repeat_flags", []),
