@@ -222,3 +222,21 @@ def test_calls_the_gpu_outlasts_or_unmeasured_are_not_flagged(variant_host, sdpa
     assert host_flag(variant_host, sdpa_host, 100.0, 90.0) is None
 
 
+
+
+def test_a_driver_error_names_the_call_and_the_error():
+    class RefusingDriver(FakeDriver):
+        def cuStreamWaitValue64_v2(self, stream, address, value, flags):
+            return 801  # CUDA_ERROR_NOT_SUPPORTED
+
+        def cuGetErrorName(self, code, name):
+            name._obj.value = b"CUDA_ERROR_NOT_SUPPORTED"
+            return 0
+
+    gate = streamgate.StreamGate(0, driver=RefusingDriver())
+    try:
+        with pytest.raises(StageError, match=r"cuStreamWaitValue64 failed \(CUDA_ERROR_NOT_SUPPORTED\): the timed "
+                                             "stream cannot be gated on this driver"):
+            gate.close()
+    finally:
+        gate.release()

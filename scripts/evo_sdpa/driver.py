@@ -12,6 +12,13 @@ CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 
 
+def error_name(lib, code: int) -> str:
+    """The driver's name for a CUresult (CUDA_ERROR_...)."""
+    name = ctypes.c_char_p()
+    lib.cuGetErrorName(code, ctypes.byref(name))
+    return name.value.decode() if name.value else f"error {code}"
+
+
 class CudaDriver:
     """Device 0 of this process's visible devices, its primary context current on this thread:
     the context the CUDA runtime inside a variant's library uses too."""
@@ -35,10 +42,7 @@ class CudaDriver:
 
     def _check(self, code: int, call: str) -> None:
         if code != 0:
-            name = ctypes.c_char_p()
-            self.lib.cuGetErrorName(code, ctypes.byref(name))
-            text = name.value.decode() if name.value else f"error {code}"
-            raise RuntimeError(f"{call} failed: {text}")
+            raise RuntimeError(f"{call} failed: {error_name(self.lib, code)}")
 
     def alloc(self, nbytes: int) -> int:
         """A device buffer of exactly `nbytes` (no pool: the sanitizer sees its true bounds)."""

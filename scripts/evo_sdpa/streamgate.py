@@ -14,6 +14,7 @@ import ctypes
 import threading
 import time
 
+from .driver import error_name
 from .errors import StageError
 
 CU_MEMHOSTALLOC_PORTABLE = 0x01
@@ -69,10 +70,8 @@ class StreamGate:
 
     def _check(self, code: int, call: str) -> None:
         if code != 0:
-            name = ctypes.c_char_p()
-            self.driver.cuGetErrorName(code, ctypes.byref(name))
-            text = name.value.decode() if name.value else f"error {code}"
-            raise StageError(f"{call} failed ({text}): the timed stream cannot be gated on this driver")
+            raise StageError(f"{call} failed ({error_name(self.driver, code)}): the timed stream cannot be "
+                             "gated on this driver")
 
     def close(self) -> None:
         """Work queued on the stream from here on waits until the next open()."""
