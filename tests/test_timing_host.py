@@ -240,3 +240,47 @@ def test_a_driver_error_names_the_call_and_the_error():
             gate.close()
     finally:
         gate.release()
+
+
+class PersistingDriver:
+    """The calls PersistingL2Reset makes; `set_aside` is the context's persisting-L2 limit."""
+
+    def __init__(self, set_aside: int, limit_code: int = 0):
+        self.set_aside, self.limit_code, self.calls = set_aside, limit_code, []
+
+    def cuCtxSetLimit(self, limit, value):
+        assert limit == timing.PersistingL2Reset.PERSISTING_L2_LIMIT
+        self.calls.append(f"set aside {value}")
+        self.set_aside = value
+        return 0
+
+    def cuCtxGetLimit(self, value, limit):
+        assert limit == timing.PersistingL2Reset.PERSISTING_L2_LIMIT
+        value._obj.value = self.set_aside
+        return self.limit_code
+
+    def cuStreamSetAttribute(self, stream, attribute, value):
+        self.calls.append("window off")
+        return 0
+
+    def cuCtxResetPersistingL2Cache(self):
+        self.calls.append("reset")
+        return 0
+
+
+def test_the_timing_sets_no_l2_aside_and_skips_the_reset_while_none_is():
+    driver = PersistingDriver(set_aside=4 << 20)  # a context starts with some on the H200 (run 108)
+    reset = timing.PersistingL2Reset(0, driver=driver)
+    reset()
+    assert driver.calls == ["set aside 0"] and reset.resets == 0
+
+
+@pytest.mark.parametrize("set_aside,limit_code", [(20 << 20, 0), (0, 1)])
+def test_the_window_and_the_lines_are_reset_once_l2_is_set_aside_or_the_limit_unreadable(set_aside, limit_code):
+    """A call that sets a set-aside (cuCtxSetLimit) and a window gets its lines undone before the
+    next sample; a limit the driver will not report is taken as set."""
+    driver = PersistingDriver(0, limit_code)
+    reset = timing.PersistingL2Reset(0, driver=driver)
+    driver.set_aside = set_aside  # what the call did
+    reset()
+    assert driver.calls == ["set aside 0", "window off", "reset"] and reset.resets == 1
