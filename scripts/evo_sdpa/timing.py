@@ -2,6 +2,7 @@
 optional CUDA-graph replay, and a noise-based stop. Every number says how it was taken."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import time
 from typing import Callable
@@ -133,11 +134,10 @@ class PersistingL2Reset:
     PERSISTING_L2_LIMIT = 0x06  # CU_LIMIT_PERSISTING_L2_CACHE_SIZE
 
     def __init__(self, stream_handle: int, driver=None):
-        import ctypes
-
         self.stream = ctypes.c_void_p(stream_handle)
         self.empty_window = ctypes.create_string_buffer(self.ATTR_VALUE_BYTES)  # num_bytes 0: off
         self.set_aside = ctypes.c_size_t()
+        self._set_aside_ref = ctypes.byref(self.set_aside)
         self.resets = 0
         if driver is None:
             try:
@@ -155,12 +155,9 @@ class PersistingL2Reset:
         return self.driver is not None
 
     def __call__(self) -> None:
-        import ctypes
-
         if self.driver is None:
             return
-        if self.driver.cuCtxGetLimit(ctypes.byref(self.set_aside), self.PERSISTING_L2_LIMIT) == 0 \
-                and self.set_aside.value == 0:
+        if self.driver.cuCtxGetLimit(self._set_aside_ref, self.PERSISTING_L2_LIMIT) == 0 and self.set_aside.value == 0:
             return
         self.driver.cuStreamSetAttribute(self.stream, self.ACCESS_POLICY_WINDOW, self.empty_window)
         self.driver.cuCtxResetPersistingL2Cache()
@@ -189,9 +186,20 @@ def _warm(call: Callable[[], None], warmup_ms: float) -> None:
         torch.cuda.synchronize()
 
 
+class _NoGate:
+    """The stream left open: for the loop's own tests, which run without a driver."""
+    forced = 0
+
+    def close(self) -> None:
+        pass
+
+    def open(self) -> None:
+        pass
+
+
 def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
                          before_each: Callable[[], None], calls_per_sample: int,
-                         gate=None) -> tuple[dict, dict, str]:
+                         gate=_NoGate()) -> tuple[dict, dict, str]:
     """Sample every callable between CUDA events on one stream, round by round, until the stop
     rule ends it. The order alternates each round so neither side always runs on a warmer GPU;
     `before_each` runs outside the timed region (L2 reset and flush). With a `gate`
@@ -221,9 +229,8 @@ def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
         for name in order:
             begin, end = pairs[name]
             before_each()
-            forced = gate.forced if gate else 0
-            if gate:
-                gate.close()
+            forced = gate.forced
+            gate.close()
             launched = time.perf_counter()
             try:
                 begin.record(stream)
@@ -231,9 +238,8 @@ def _interleaved_samples(timed: dict[str, Callable[[], None]], rule: StopRule,
                 host[name].append((time.perf_counter() - launched) * 1e6 / calls_per_sample)
                 end.record(stream)
             finally:
-                if gate:
-                    gate.open()
-            if gate and gate.forced != forced:
+                gate.open()
+            if gate.forced != forced:
                 raise StageError(f"timing {name}: its call waited for the GPU inside itself (a synchronise, "
                                  ".item() or cudaFree) while the stream was gated; a timed call must only "
                                  "queue work: take the synchronisation out of it")
