@@ -273,6 +273,7 @@ def test_the_timing_sets_no_l2_aside_and_skips_the_reset_while_none_is():
     reset = timing.PersistingL2Reset(0, driver=driver)
     reset()
     assert driver.calls == ["set aside 0"] and reset.resets == 0
+    assert reset.describe() == "; no L2 set aside for persisting lines"
 
 
 @pytest.mark.parametrize("set_aside,limit_code", [(20 << 20, 0), (0, 1)])
@@ -284,3 +285,10 @@ def test_the_window_and_the_lines_are_reset_once_l2_is_set_aside_or_the_limit_un
     driver.set_aside = set_aside  # what the call did
     reset()
     assert driver.calls == ["set aside 0", "window off", "reset"] and reset.resets == 1
+    assert reset.describe() == "; a call set L2 aside for persisting lines: reset before 1 samples"
+
+
+def test_without_a_driver_the_cache_label_claims_nothing_about_persisting_lines(monkeypatch):
+    reset = timing.PersistingL2Reset(0, driver=None)
+    monkeypatch.setattr(reset, "driver", None)  # libcuda may load on a GPU host
+    assert reset.describe() == ""

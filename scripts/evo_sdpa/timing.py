@@ -150,10 +150,6 @@ class PersistingL2Reset:
         if driver is not None:
             driver.cuCtxSetLimit(self.PERSISTING_L2_LIMIT, 0)
 
-    @property
-    def available(self) -> bool:
-        return self.driver is not None
-
     def __call__(self) -> None:
         if self.driver is None:
             return
@@ -162,6 +158,14 @@ class PersistingL2Reset:
         self.driver.cuStreamSetAttribute(self.stream, self.ACCESS_POLICY_WINDOW, self.empty_window)
         self.driver.cuCtxResetPersistingL2Cache()
         self.resets += 1
+
+    def describe(self) -> str:
+        """What the samples' L2 held across them, for a timing's cache label ("" without a driver)."""
+        if self.driver is None:
+            return ""
+        if self.resets:
+            return f"; a call set L2 aside for persisting lines: reset before {self.resets} samples"
+        return "; no L2 set aside for persisting lines"
 
 
 class L2Flusher:
@@ -291,8 +295,7 @@ def time_eager(calls: dict[str, Callable[[], None]], rule: StopRule, warmup_ms: 
         _warm(call, warmup_ms)
     samples, host, ended_by = _gated_samples(calls, rule, before_each, calls_per_sample=1)
     cache = "L2 flushed before each call" if flush else "L2 not flushed"
-    if reset_l2.available:
-        cache += "; persisting-L2 window reset"
+    cache += reset_l2.describe()
     return _results(samples, ended_by, mode="eager", cache=cache, host=host)
 
 
@@ -328,8 +331,7 @@ def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls
                                           calls_per_sample=graph_calls)
     cache = f"{n_sets} input sets rotated per replay" + (
         " (together larger than L2)" if n_sets > 1 else " (one set: fits in L2)")
-    if reset_l2.available:
-        cache += "; persisting-L2 window reset"
+    cache += reset_l2.describe()
     return _results(samples, ended_by, mode=f"graph x{graph_calls}", cache=cache)
 
 
