@@ -14,6 +14,9 @@ FIXTURES = Path(__file__).parent / "fixtures"
 CLEAN_CSV = FIXTURES / "h100_sdpa_cudnn_b2h8s512d64_raw.csv"
 # v4_pipelined's cluster-split kernel on (1,8,512,64) fp16, same card and export (v4 NOTES.md, run 11).
 V4_SMALL_CSV = FIXTURES / "h100_v4_pipelined_b1h8s512d64_raw.csv"
+# v5_hopper's split kernel on (2,8,512,64) fp16, NVIDIA H200, the pipeline's ncu stage (v5 NOTES.md,
+# run 111): TMA loads, the owner's O stored from registers.
+V5_SMALL_CSV = FIXTURES / "h200_v5_hopper_b2h8s512d64_raw.csv"
 
 B, H, S, D = 2, 8, 512, 64
 FLOPS = 4.0 * B * H * S * S * D
@@ -413,6 +416,50 @@ def test_v4_small_shape_names_its_fixed_part_not_its_grid():
     assert "29% of the kernel" in ramp["evidence"] and "average SM for 67%" in ramp["evidence"]
     assert ramp["rank"] < by_id["underfilled_grid"]["rank"]
     assert by_id["underfilled_grid"]["severity"] == pytest.approx(0.03)
+
+
+def test_v5_small_shape_names_its_fixed_part_above_its_epilogue_stores():
+    """Issue 8's shapes on v5's split kernel: TMA moves 18.9 MB and the owners' register stores 2.1
+    MB at half a sector each. The stores are named as stores, weighted by their 10% of the traffic,
+    so the measured ramp-up and drain (23% of the kernel) ranks above them, in the summary's three."""
+    kernels = ncu.select_kernels(ncu.read_raw_csv(V5_SMALL_CSV), r"v5_hopper")
+    flops, min_bytes = 4.0 * 2 * 8 * 512 * 512 * 64, 4.0 * 2 * 8 * 512 * 64 * 2
+    analysis = bottlenecks.analyze(kernels, flops, CEILINGS, min_bytes=min_bytes)
+    by_id = {f["id"]: f for f in analysis["findings"]}
+    m = analysis["key_metrics"]
+    assert m["global_store_bytes_per_sector"] == 16.0 and m["global_load_bytes_per_sector"] == 0.0
+    assert m["lsu_global_share"] == pytest.approx(65536 * 32 / (65536 * 32 + 18_874_368), abs=1e-6)
+    stores = by_id["uncoalesced_global"]
+    assert stores["title"] == "Uncoalesced global memory stores"
+    assert "stores: 16 of each sector's 32 bytes used" in stores["evidence"] and "10% of the kernel's" in stores["evidence"]
+    assert stores["lever"].startswith("Store 16 bytes") and "Load" not in stores["lever"]
+    assert stores["severity"] == pytest.approx(0.5 * m["lsu_global_share"], abs=1e-3)
+    assert "ramp_and_drain" in [f["id"] for f in analysis["findings"][:3]]
+    assert by_id["ramp_and_drain"]["rank"] < stores["rank"]
+
+
+def test_uncoalesced_loads_and_stores_are_each_named_with_their_lever():
+    finding = only_finding(kernel({"derived__memory_l2_theoretical_sectors_global_excessive": 2048.0,
+                                   "smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.ratio": 8.0,
+                                   "smsp__sass_average_data_bytes_per_sector_mem_global_op_st.ratio": 32.0}),
+                           "uncoalesced_global")
+    assert finding["title"] == "Uncoalesced global memory loads" and finding["lever"].startswith("Load 16 bytes")
+    assert "loads: 8 of each sector's 32 bytes used" in finding["evidence"]
+    assert finding["severity"] == pytest.approx(0.5)  # no TMA counters: every global byte is the LSU's
+    both = only_finding(kernel({"derived__memory_l2_theoretical_sectors_global_excessive": 2048.0,
+                                "smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.ratio": 8.0,
+                                "smsp__sass_average_data_bytes_per_sector_mem_global_op_st.ratio": 4.0}),
+                        "uncoalesced_global")
+    assert both["title"] == "Uncoalesced global memory loads and stores" and "Store 16 bytes" in both["lever"]
+
+
+def test_uncoalesced_severity_is_the_excess_share_of_all_global_traffic_tma_included():
+    tma = {"l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum": 4096.0 * 32 * 3,
+           "l1tex__m_l1tex2xbar_write_bytes_mem_global_op_tma_st.sum": 0.0}
+    finding = only_finding(kernel({"derived__memory_l2_theoretical_sectors_global_excessive": 2048.0, **tma}),
+                           "uncoalesced_global")
+    assert finding["severity"] == pytest.approx(0.5 * 0.25)
+    assert "25% of the kernel's global traffic, TMA moves the rest" in finding["evidence"]
 
 
 @pytest.mark.parametrize("busiest, expected", [(9_000, None), (8_400, "ramp_and_drain")])

@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Callable
 
-from evo_sdpa.ncu import KernelProfile, key_metrics
+from evo_sdpa.ncu import SECTOR_BYTES, KernelProfile, key_metrics
 
 # ---------------------------------------------------------------- thresholds
 
@@ -384,23 +384,45 @@ def shared_bank_conflicts(m: dict, ctx: RuleContext) -> Finding | None:
     )
 
 
+UNCOALESCED_LEVERS = {
+    "loads": "Load 16 bytes per thread along the contiguous head dimension so consecutive threads of a warp read consecutive addresses.",
+    "stores": "Store 16 bytes per thread along the contiguous head dimension (or stage the tile in shared memory and store it with TMA) so each warp store fills whole 32-byte sectors.",
+}
+
+
+def _wasteful_ops(m: dict) -> list[str]:
+    """Which of the LSU's global loads and stores use too little of each sector they touch."""
+    full = SECTOR_BYTES * (1.0 - UNCOALESCED_EXCESS_RATIO)
+    used = {"loads": m.get("global_load_bytes_per_sector"), "stores": m.get("global_store_bytes_per_sector")}
+    return [op for op, per_sector in used.items() if per_sector and per_sector < full]
+
+
 def uncoalesced_global(m: dict, ctx: RuleContext) -> Finding | None:
-    """Global loads/stores touching more 32-byte sectors than the data they move needs."""
+    """Global loads/stores touching more 32-byte sectors than the data they move needs. The
+    severity is the excess's share of the kernel's global traffic: in a TMA kernel the LSU may
+    move only the epilogue's stores, and half-filled sectors there waste a few percent, not half."""
     ratio = m.get("uncoalesced_excess_ratio")
     if ratio is None or ratio <= UNCOALESCED_EXCESS_RATIO:
         return None
+    share = m.get("lsu_global_share")
+    ops = _wasteful_ops(m)
+    per_op = "; ".join(f"{op}: {m[f'global_{op[:-1]}_bytes_per_sector']:.0f} of each sector's {SECTOR_BYTES} bytes used"
+                       for op in ops)
     return Finding(
         id="uncoalesced_global",
-        title="Uncoalesced global memory access",
-        severity=_clamp01(ratio),
+        title="Uncoalesced global memory " + (" and ".join(ops) if ops else "access"),
+        severity=_clamp01(ratio * (1.0 if share is None else share)),
         metric="derived__memory_l2_theoretical_sectors_global_excessive",
         value=m.get("global_excessive_sectors"),
         threshold=UNCOALESCED_EXCESS_RATIO,
         evidence=(
             f"{_fmt(m.get('global_excessive_sectors'))} of {_fmt(m.get('global_sectors'))} global "
-            f"sectors ({ratio:.0%}) are beyond what a coalesced access pattern would need."
+            f"sectors ({ratio:.0%}) are beyond what a coalesced access pattern would need"
+            + (f" ({per_op})" if ops else "")
+            + (f"; these loads and stores are {share:.0%} of the kernel's global traffic, TMA moves the rest"
+               if share is not None and share < 1.0 else "") + "."
         ),
-        lever="Load 16 bytes per thread along the contiguous head dimension so consecutive threads of a warp read consecutive addresses.",
+        lever=" ".join(UNCOALESCED_LEVERS[op] for op in ops) if ops else UNCOALESCED_LEVERS["loads"],
     )
 
 

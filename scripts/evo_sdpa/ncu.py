@@ -184,6 +184,7 @@ MICROSECONDS_PER_UNIT = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0,
                          "ms": 1e3, "msecond": 1e3, "s": 1e6, "second": 1e6}
 BYTES_PER_UNIT = {"byte": 1.0, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9,
                   "byte/block": 1.0, "Kbyte/block": 1e3}
+SECTOR_BYTES = 32  # an L2 sector
 
 
 def _in_units(kernel: KernelProfile, metric: str, scale: dict[str, float], default_unit: str) -> float | None:
@@ -313,6 +314,11 @@ def _access_pattern_metrics(kernel: KernelProfile) -> dict:
     wavefronts = kernel.get("l1tex__data_pipe_lsu_wavefronts_mem_shared.sum")
     excessive = kernel.get("derived__memory_l2_theoretical_sectors_global_excessive")
     sectors = kernel.get("memory_l2_theoretical_sectors_global")
+    # The sectors above are the LSU's (ld, st, cp.async); TMA's copies move whole boxes beside them,
+    # and in a TMA kernel the LSU's part may be only the epilogue's stores.
+    tma_bytes = _sum_or_none(_bytes(kernel, "l1tex__m_xbar2l1tex_read_bytes_mem_global_op_tma_ld.sum"),
+                             _bytes(kernel, "l1tex__m_l1tex2xbar_write_bytes_mem_global_op_tma_st.sum"))
+    lsu_bytes = None if sectors is None else sectors * SECTOR_BYTES
     return {
         "shared_bank_conflicts": conflicts,
         "shared_wavefronts": wavefronts,
@@ -320,6 +326,10 @@ def _access_pattern_metrics(kernel: KernelProfile) -> dict:
         "global_excessive_sectors": excessive,
         "global_sectors": sectors,
         "uncoalesced_excess_ratio": _ratio(excessive, sectors),
+        "global_load_bytes_per_sector": kernel.get("smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.ratio"),
+        "global_store_bytes_per_sector": kernel.get("smsp__sass_average_data_bytes_per_sector_mem_global_op_st.ratio"),
+        "tma_global_bytes": tma_bytes,
+        "lsu_global_share": _ratio(lsu_bytes, _sum_or_none(lsu_bytes, tma_bytes)),
         "local_loads": kernel.get("sass__inst_executed_local_loads"),
         "local_stores": kernel.get("sass__inst_executed_local_stores"),
         "local_load_sectors": kernel.get("l1tex__t_sectors_pipe_lsu_mem_local_op_ld.sum"),
