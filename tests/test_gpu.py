@@ -100,6 +100,8 @@ def test_graph_timing_rotates_sets_beyond_l2_unless_told_how_many():
     in_l2 = time_shape(factories, shape, "fp16", timing, graph_sets=1)["graph"]["sum"]
     assert "together larger than L2" in rotated["cache"] and not rotated["cache"].startswith("1 ")
     assert in_l2["cache"].startswith("1 input sets") and "fits in L2" in in_l2["cache"]
+    # The timing sets no L2 aside and the call sets none, so the label claims no reset.
+    assert all(t["cache"].endswith("; no L2 set aside for persisting lines") for t in (rotated, in_l2))
     assert in_l2["stats"]["p50_us"] < rotated["stats"]["p50_us"], (in_l2["stats"], rotated["stats"])
 
 
@@ -182,6 +184,7 @@ def test_persisting_lines_are_undone_before_each_sample_and_none_persist_without
         assert reset.resets == 40
         unset = read_after_flush_us(0, reset)
         assert reset.resets == 40  # nothing set aside: skipped
+        assert reset.describe() == "; a call set L2 aside for persisting lines: reset before 40 samples"
     finally:
         reset()
         driver.cuCtxSetLimit(PersistingL2Reset.PERSISTING_L2_LIMIT, 0)
