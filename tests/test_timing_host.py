@@ -77,8 +77,8 @@ def test_each_callable_keeps_one_pair_of_events_for_the_whole_loop(fake_cuda):
 class FakeGate:
     """A gate that logs its closes and opens beside the events' records."""
 
-    def __init__(self, log: list, force_during: str | None = None):
-        self.log, self.force_during, self.forced = log, force_during, 0
+    def __init__(self, log: list):
+        self.log, self.forced = log, 0
 
     def close(self):
         self.log.append("close")
@@ -220,8 +220,6 @@ def test_sdpa_slower_on_the_host_is_flagged_too():
 @pytest.mark.parametrize("variant_host,sdpa_host", [(30.0, 12.0), (100.0, 90.0), (None, None), (None, 50.0)])
 def test_calls_the_gpu_outlasts_or_unmeasured_are_not_flagged(variant_host, sdpa_host):
     assert host_flag(variant_host, sdpa_host, 100.0, 90.0) is None
-
-
 
 
 def test_a_driver_error_names_the_call_and_the_error():

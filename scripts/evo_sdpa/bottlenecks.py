@@ -390,11 +390,12 @@ UNCOALESCED_LEVERS = {
 }
 
 
-def _wasteful_ops(m: dict) -> list[str]:
-    """Which of the LSU's global loads and stores use too little of each sector they touch."""
+def _wasteful_ops(m: dict) -> dict[str, float]:
+    """The LSU's global loads and stores that use too little of each sector they touch: the bytes
+    of a sector each uses."""
     full = SECTOR_BYTES * (1.0 - UNCOALESCED_EXCESS_RATIO)
     used = {"loads": m.get("global_load_bytes_per_sector"), "stores": m.get("global_store_bytes_per_sector")}
-    return [op for op, per_sector in used.items() if per_sector and per_sector < full]
+    return {op: per_sector for op, per_sector in used.items() if per_sector and per_sector < full}
 
 
 def uncoalesced_global(m: dict, ctx: RuleContext) -> Finding | None:
@@ -406,8 +407,7 @@ def uncoalesced_global(m: dict, ctx: RuleContext) -> Finding | None:
         return None
     share = m.get("lsu_global_share")
     ops = _wasteful_ops(m)
-    per_op = "; ".join(f"{op}: {m[f'global_{op[:-1]}_bytes_per_sector']:.0f} of each sector's {SECTOR_BYTES} bytes used"
-                       for op in ops)
+    per_op = "; ".join(f"{op}: {used:.0f} of each sector's {SECTOR_BYTES} bytes used" for op, used in ops.items())
     return Finding(
         id="uncoalesced_global",
         title="Uncoalesced global memory " + (" and ".join(ops) if ops else "access"),

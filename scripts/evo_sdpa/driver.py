@@ -12,6 +12,14 @@ CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
 CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
 
 
+def load_libcuda(without_it: str) -> ctypes.CDLL:
+    """The CUDA driver library, or one line saying it cannot be loaded and what that stops."""
+    try:
+        return ctypes.CDLL("libcuda.so.1")
+    except OSError as exc:
+        raise StageError(f"libcuda.so.1: cannot load the CUDA driver ({exc}); {without_it}") from exc
+
+
 def error_name(lib, code: int) -> str:
     """The driver's name for a CUresult (CUDA_ERROR_...)."""
     name = ctypes.c_char_p()
@@ -24,10 +32,7 @@ class CudaDriver:
     the context the CUDA runtime inside a variant's library uses too."""
 
     def __init__(self):
-        try:
-            self.lib = ctypes.CDLL("libcuda.so.1")
-        except OSError as exc:
-            raise StageError(f"libcuda.so.1: cannot load the CUDA driver ({exc}); is an NVIDIA driver installed?") from exc
+        self.lib = load_libcuda("is an NVIDIA driver installed?")
         self.lib.cuMemAlloc_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_size_t]
         self.lib.cuMemFree_v2.argtypes = [ctypes.c_uint64]
         self.lib.cuMemcpyHtoD_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t]

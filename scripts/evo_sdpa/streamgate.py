@@ -14,7 +14,7 @@ import ctypes
 import threading
 import time
 
-from .driver import error_name
+from .driver import error_name, load_libcuda
 from .errors import StageError
 
 CU_MEMHOSTALLOC_PORTABLE = 0x01
@@ -26,11 +26,7 @@ FORCE_OPEN_S = 2.0
 
 
 def _load_driver():
-    try:
-        driver = ctypes.CDLL("libcuda.so.1")
-    except OSError as exc:
-        raise StageError(f"libcuda.so.1: cannot load the CUDA driver ({exc}); the timed stream cannot be "
-                         "gated without it") from exc
+    driver = load_libcuda("the timed stream cannot be gated without it")
     driver.cuMemHostAlloc.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_size_t, ctypes.c_uint]
     driver.cuMemHostGetDevicePointer_v2.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
     driver.cuStreamWaitValue64_v2.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_uint]

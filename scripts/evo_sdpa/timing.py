@@ -8,6 +8,7 @@ import time
 from typing import Callable
 
 from . import device
+from .driver import load_libcuda
 from .errors import StageError
 from .stats import StopRule, percentile, summarize
 from .streamgate import StreamGate
@@ -141,10 +142,10 @@ class PersistingL2Reset:
         self.resets = 0
         if driver is None:
             try:
-                driver = ctypes.CDLL("libcuda.so.1")
+                driver = load_libcuda("no persisting-L2 reset")
                 driver.cuCtxGetLimit.argtypes = [ctypes.POINTER(ctypes.c_size_t), ctypes.c_int]
                 driver.cuCtxSetLimit.argtypes = [ctypes.c_int, ctypes.c_size_t]
-            except OSError:
+            except StageError:
                 driver = None
         self.driver = driver
         if driver is not None:
