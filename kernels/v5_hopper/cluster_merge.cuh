@@ -51,7 +51,10 @@ struct ClusterMerge {
         constexpr int kRows = 2;
         constexpr int kCols = decltype(size<1>(o))::value;
         static_assert(kCols % 4 == 0 && 1 + kRows * kCols / 4 == Traits::kSplitChunks, "O as 16-byte chunks");
-        const int rank = evo_sm90::cluster_rank();
+        // With multicast peers the cluster holds several query tiles: ranks base .. base + splits - 1 merge.
+        const int cluster_rank = evo_sm90::cluster_rank();
+        const int rank = Traits::kMulticast ? cluster_rank % splits : cluster_rank;
+        const int base = cluster_rank - rank;
         const int owner = warp % splits;
         const int owned = warp / splits;
         const uint32_t receive = cute::cast_smem_ptr_to_uint(shared.receive.data());
@@ -60,8 +63,8 @@ struct ClusterMerge {
         // runs 26-28). Not the producer warps: their wait after the loads hung the card (run 27).
         evo_sm90::cluster_wait();
         if (owner != rank) {
-            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank, owner), owner);
-            const uint32_t remote_barrier = evo_sm90::map_to_rank(barrier(owned), owner);
+            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank, owner), base + owner);
+            const uint32_t remote_barrier = evo_sm90::map_to_rank(barrier(owned), base + owner);
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
             evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], softmax.row_sum[0],
                               softmax.row_sum[1], remote_barrier);
