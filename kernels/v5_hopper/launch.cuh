@@ -116,6 +116,14 @@ inline cudaLaunchAttribute cluster_of(int splits) {
     return cluster;
 }
 
+// The cluster scheduling policy of a split launch (V5_DEV_CLUSTER_SPREAD).
+inline cudaLaunchAttribute spread_policy() {
+    cudaLaunchAttribute policy;
+    policy.id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+    policy.val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
+    return policy;
+}
+
 // Clusters of `ctas` CTAs of this kernel that fit on the device at once (0 if unknown), read
 // once per device and cluster size.
 template <class Traits, bool kCausal>
@@ -130,9 +138,9 @@ int max_active_clusters(int ctas) {
     config.gridDim = dim3(unsigned(ctas));
     config.blockDim = dim3(Traits::kThreads);
     config.dynamicSmemBytes = Traits::kSmemBytes;
-    cudaLaunchAttribute cluster = cluster_of(ctas);
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    cudaLaunchAttribute cluster[2] = {cluster_of(ctas), spread_policy()};
+    config.attrs = cluster;
+    config.numAttrs = V5_DEV_CLUSTER_SPREAD ? 2 : 1;
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, v5_hopper_attention_fwd<Traits, kCausal>, &config) != cudaSuccess) {
         cudaGetLastError();   // not sticky: clear it so the launch does not report it
@@ -201,9 +209,10 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     config.blockDim = dim3(Traits::kThreads);
     config.dynamicSmemBytes = Traits::kSmemBytes;
     config.stream = stream;
-    cudaLaunchAttribute attributes[2];
+    cudaLaunchAttribute attributes[3];
     unsigned count = 0;
     if constexpr (Traits::kSplit) attributes[count++] = cluster_of(params.key_splits * params.kv_peers);
+    if (Traits::kSplit && V5_DEV_CLUSTER_SPREAD) attributes[count++] = spread_policy();
     if (kPdlKernel<Traits> && use_pdl(stream)) {
         attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attributes[count].val.programmaticStreamSerializationAllowed = 1;

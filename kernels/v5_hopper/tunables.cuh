@@ -126,6 +126,11 @@
 #ifndef V5_DEV_SPLIT_PEERS
 #define V5_DEV_SPLIT_PEERS 1
 #endif
+// A development macro, not a tunable (run 117; off unless the build passes it): split launches
+// ask the block scheduler to spread each cluster's CTAs over SMs (cudaClusterSchedulingPolicySpread).
+#ifndef V5_DEV_CLUSTER_SPREAD
+#define V5_DEV_CLUSTER_SPREAD 0
+#endif
 
 // CuTe's wgmma atoms for N = 176 come only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, whose
 // headers cost about 14 s of front end in every translation unit (the includes alone: 19.5 s with
