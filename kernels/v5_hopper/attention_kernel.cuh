@@ -96,40 +96,6 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
     }
 }
 
-// The query tiles of a split cluster that share K and V by multicast (Traits::kPeers): rank = peer x
-// key_splits + share. Each peer issues its slice of every K and V tile of the share into all of them,
-// completing on each one's own full barrier, on which each CTA's own loading thread has posted the
-// whole tile's bytes (a slice that lands first runs the transaction count negative within the phase).
-// A stage is never refilled: the host multicasts only where each share fits the stages.
-template <class Traits>
-struct KvPeers {
-    typename Traits::Params const& params;
-
-    __device__ auto layout() const { return Layout<Int<Traits::kPeers>>{}; }
-    __device__ auto slice() const {
-        if constexpr (Traits::kMulticast) {
-            return evo_sm90::cluster_rank() / params.key_splits;
-        } else {
-            return _0{};
-        }
-    }
-    // The ranks that take this CTA's key share: one per peer, key_splits apart.
-    __device__ uint16_t mask() const {
-        const int share = evo_sm90::cluster_rank() % params.key_splits;
-        uint16_t bits = 0;
-        for (int p = 0; p < Traits::kPeers; ++p) bits |= uint16_t(1u << (p * params.key_splits + share));
-        return bits;
-    }
-    template <class Tma>
-    __device__ auto with(Tma const& tma, uint64_t& barrier) const {
-        if constexpr (Traits::kMulticast) {
-            return tma.with(barrier, mask());
-        } else {
-            return tma.with(barrier);
-        }
-    }
-};
-
 // Which rings one loading thread fills: K and V key tile by key tile, or one of the two (kv_producers).
 enum class Rings { kBoth, kK, kV };
 
@@ -150,7 +116,6 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
     Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
 
     const TileScheduler<Traits, kCausal> scheduler{params};
-    const KvPeers<Traits> peers{params};
     auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
     bool first_load = true;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t)) {
@@ -159,10 +124,8 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                                make_coord(_, _0{}));   // (N, D, key tiles)
         Tensor gVt = local_tile(mVt(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapePV{}),
                                 make_coord(_0{}, _));  // (D, N, key tiles)
-        auto [tKg, tKs] = tma_partition(params.tma_k, peers.slice(), peers.layout(), group_modes<0, 2>(sK),
-                                        group_modes<0, 2>(gK));
-        auto [tVg, tVs] = tma_partition(params.tma_v, peers.slice(), peers.layout(), group_modes<0, 2>(sVt),
-                                        group_modes<0, 2>(gVt));
+        auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+        auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
 
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
@@ -172,19 +135,17 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                 pipeline_k.producer_acquire(write);
                 if (first_load) {
                     probe.mark(trace::kKAcquired);
-                    // The peers' barriers exist before a multicast completes on them.
-                    if constexpr (Traits::kMulticast) evo_sm90::cluster_wait_one_thread();
                     if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
                     probe.mark(trace::kPastWait);
                 }
-                copy(peers.with(params.tma_k, *pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
+                copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
             }
             if constexpr (kRings != Rings::kK) {
                 pipeline_v.producer_acquire(write);
                 if constexpr (kRings == Rings::kV && kPdlKernel<Traits>) {
                     if (first_load) evo_sm90::wait_for_previous_grid();
                 }
-                copy(peers.with(params.tma_v, *pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
+                copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
             }
             ++write;
             if (first_load) probe.mark(trace::kKvIssued);
@@ -350,10 +311,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
                                    consumer_thread % cutlass::NumThreadsPerWarpGroup);
         } else {
             Tensor coord_o = rowcol_view(thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{}))));
-            const int64_t head_offset =
-                (int64_t(tile.batch) * params.heads + tile.head) * params.seq_len * Traits::kHeadDim;
-            store_rows<Traits::kHeadDim>(o_rc, coord_o, params.o + head_offset, tile.m_block * Traits::kBlockM,
-                                         params.seq_len);
+            const int row0 = tile.m_block * Traits::kBlockM;
+            Element* o_tile =
+                params.o + ((int64_t(tile.batch) * params.heads + tile.head) * params.seq_len + row0) * Traits::kHeadDim;
+            store_rows<Traits::kHeadDim>(o_rc, coord_o, o_tile, params.seq_len - row0);
         }
         if (tile_count == 0) probe.mark(trace::kStoreIssued);
     }

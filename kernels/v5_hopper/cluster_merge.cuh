@@ -48,13 +48,16 @@ struct ClusterMerge {
     template <class Softmax, class AccRowCol>
     __device__ bool merge(Softmax& softmax, AccRowCol& o, int warp, int lane) const {
         static_assert(Softmax::kRowsPerThread == 2, "chunk 0 holds two rows' max and sum");
-        constexpr int kRows = 2;
-        constexpr int kCols = decltype(size<1>(o))::value;
-        static_assert(kCols % 4 == 0 && 1 + kRows * kCols / 4 == Traits::kSplitChunks, "O as 16-byte chunks");
-        // With multicast peers the cluster holds several query tiles: ranks base .. base + splits - 1 merge.
-        const int cluster_rank = evo_sm90::cluster_rank();
-        const int rank = Traits::kMulticast ? cluster_rank % splits : cluster_rank;
-        const int base = cluster_rank - rank;
+        // O travels in its registers' order: chunk 1 + i holds values 4i..4i+3, a column pair of row
+        // 0 and the same pair of row 1 (the accumulator's order, checked here); in row/column order
+        // each chunk gathered four registers that are not neighbours (NOTES.md, run 48).
+        constexpr int kValues = decltype(size(o))::value;
+        static_assert(kValues % 4 == 0 && 1 + kValues / 4 == Traits::kSplitChunks, "O as 16-byte chunks");
+        using RowCol = decltype(o.layout());
+        static_assert(is_static<RowCol>::value && RowCol{}(0, 1) == 1 && RowCol{}(1, 0) == 2 && RowCol{}(0, 2) == 4,
+                      "a chunk is a column pair of row 0, then of row 1");
+        auto* values = o.data();
+        const int rank = evo_sm90::cluster_rank();
         const int owner = warp % splits;
         const int owned = warp / splits;
         const uint32_t receive = cute::cast_smem_ptr_to_uint(shared.receive.data());
@@ -63,18 +66,15 @@ struct ClusterMerge {
         // runs 26-28). Not the producer warps: their wait after the loads hung the card (run 27).
         evo_sm90::cluster_wait();
         if (owner != rank) {
-            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank, owner), base + owner);
-            const uint32_t remote_barrier = evo_sm90::map_to_rank(barrier(owned), base + owner);
+            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank, owner), owner);
+            const uint32_t remote_barrier = evo_sm90::map_to_rank(barrier(owned), owner);
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
             evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], softmax.row_sum[0],
                               softmax.row_sum[1], remote_barrier);
             CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-                CUTLASS_PRAGMA_UNROLL
-                for (int c = 0; c < kCols; c += 4) {
-                    evo_sm90::push_v4(chunk_address(1 + (r * kCols + c) / 4), o(r, c), o(r, c + 1), o(r, c + 2),
-                                      o(r, c + 3), remote_barrier);
-                }
+            for (int i = 0; i < kValues / 4; ++i) {
+                evo_sm90::push_v4(chunk_address(1 + i), values[4 * i], values[4 * i + 1], values[4 * i + 2],
+                                  values[4 * i + 3], remote_barrier);
             }
             return false;
         }
@@ -84,20 +84,17 @@ struct ClusterMerge {
             const float4* chunks =
                 reinterpret_cast<const float4*>(shared.receive.data() + slot_offset(owned, src, rank)) + lane;
             const float4 head = chunks[0];
-            const float other_max[kRows] = {head.x, head.y};
-            const float other_sum[kRows] = {head.z, head.w};
-            float mine_weight[kRows], other_weight[kRows];
+            const float other_max[2] = {head.x, head.y};
+            const float other_sum[2] = {head.z, head.w};
+            float mine_weight[2], other_weight[2];
             softmax.fold(other_max, other_sum, mine_weight, other_weight);
             CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-                CUTLASS_PRAGMA_UNROLL
-                for (int c = 0; c < kCols; c += 4) {
-                    const float4 other = chunks[(1 + (r * kCols + c) / 4) * 32];
-                    o(r, c) = fmaf(o(r, c), mine_weight[r], other.x * other_weight[r]);
-                    o(r, c + 1) = fmaf(o(r, c + 1), mine_weight[r], other.y * other_weight[r]);
-                    o(r, c + 2) = fmaf(o(r, c + 2), mine_weight[r], other.z * other_weight[r]);
-                    o(r, c + 3) = fmaf(o(r, c + 3), mine_weight[r], other.w * other_weight[r]);
-                }
+            for (int i = 0; i < kValues / 4; ++i) {
+                const float4 other = chunks[(1 + i) * 32];
+                values[4 * i] = fmaf(values[4 * i], mine_weight[0], other.x * other_weight[0]);
+                values[4 * i + 1] = fmaf(values[4 * i + 1], mine_weight[0], other.y * other_weight[0]);
+                values[4 * i + 2] = fmaf(values[4 * i + 2], mine_weight[1], other.z * other_weight[1]);
+                values[4 * i + 3] = fmaf(values[4 * i + 3], mine_weight[1], other.w * other_weight[1]);
             }
         }
         return true;

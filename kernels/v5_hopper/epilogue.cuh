@@ -20,20 +20,24 @@ namespace v5_hopper {
 using namespace cute;
 
 template <int kHeadDim, class AccRowCol, class CoordRowCol, class Element>
-__device__ void store_rows(AccRowCol const& o, CoordRowCol const& coord, Element* o_head, int row0, int seq_len) {
+__device__ void store_rows(AccRowCol const& o, CoordRowCol const& coord, Element* o_tile, int rows) {
     cutlass::NumericArrayConverter<Element, float, 2> convert;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(o); ++r) {
-        const int row = row0 + get<0>(coord(r, 0));
-        if (row >= seq_len) continue;
-        Element* o_row = o_head + int64_t(row) * kHeadDim;
+        const int row = get<0>(coord(r, 0));
+        if (row >= rows) continue;
+        // One address per row; every column a constant offset from the thread's first (the
+        // difference of two coordinates sharing the lane's term), so each store takes an immediate
+        // offset instead of a 64-bit address of its own (NOTES.md, run 48).
+        Element* o_row = o_tile + row * kHeadDim + get<1>(coord(r, 0));
         // Columns c and c + 1 of the row view are neighbours in memory (the accumulator's pairs).
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < size<1>(o); c += 2) {
             cutlass::Array<float, 2> pair;
             pair[0] = o(r, c);
             pair[1] = o(r, c + 1);
-            *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + get<1>(coord(r, c))) = convert(pair);
+            *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + (get<1>(coord(r, c)) - get<1>(coord(r, 0)))) =
+                convert(pair);
         }
     }
 }

@@ -22,10 +22,8 @@ using namespace cute;
 // query tile's key tiles and merge their states; one query tile per CTA, so one Q buffer.
 // kFreeIssue_: the consumer warp groups issue without taking turns, and each one's softmax runs
 // under its own P V (free_issue_d128_min_keys: the long D=128 non-causal shapes).
-// kPeers_: a split kernel whose clusters hold that many query tiles of one head (V5_DEV_SPLIT_PEERS):
-// each K and V tile leaves L2 once for all of them, by TMA multicast, every peer issuing a slice.
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kSplit_ = false,
-          bool kFreeIssue_ = false, int kPeers_ = 1>
+          bool kFreeIssue_ = false>
 struct KernelTraits {
     using Element = Element_;
     using ElementAccum = float;
@@ -37,9 +35,6 @@ struct KernelTraits {
     static constexpr bool kSplit = kSplit_;
     static constexpr bool kFreeIssue = kFreeIssue_;
     static_assert(!(kSplit && kFreeIssue), "a split CTA has one consumer warp group: nothing to take turns with");
-    static constexpr int kPeers = kPeers_;
-    static constexpr bool kMulticast = kPeers > 1;
-    static_assert(kPeers == 1 || (kSplit && (kPeers == 2 || kPeers == 4)), "multicast peers: 2 or 4, split kernels only");
     // kv_producers 2: the K ring and the V ring each have a loading thread of their own (not in the
     // split kernels, whose start-of-call burst is tuned as one thread issues it: NOTES.md, run 44).
     static_assert(V5_HOPPER_KV_PRODUCERS == 1 || V5_HOPPER_KV_PRODUCERS == 2, "kv_producers: 1 or 2");
@@ -108,15 +103,14 @@ struct KernelTraits {
         SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
         take<0, 2>(SmemLayoutQFor<1>{}), select<0, 2>(TileShapeQK{}), _1{}));
-    using TmaLoadKV = cute::conditional_t<kMulticast, SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
     using TmaK = decltype(make_tma_copy(
-        TmaLoadKV{},
+        SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
-        take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), Int<kPeers>{}));
+        take<0, 2>(SmemLayoutK{}), select<1, 2>(TileShapeQK{}), _1{}));
     using TmaV = decltype(make_tma_copy(
-        TmaLoadKV{},
+        SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideVt{}),
-        take<0, 2>(SmemLayoutVt{}), select<1, 2>(TileShapePV{}), Int<kPeers>{}));
+        take<0, 2>(SmemLayoutVt{}), select<1, 2>(TileShapePV{}), _1{}));
 
     // The epilogue's O: one 64-row slab per consumer warp group, each stored by its own TMA box,
     // so a warp group never waits for another to finish its tile (the ping-pong offset stays).
@@ -232,7 +226,6 @@ struct KernelTraits {
         int batch;
         float scale_log2;   // softmax scale x log2(e): the softmax runs on exp2
         int key_splits;     // CTAs per cluster sharing a query tile's keys (1 unless kSplit)
-        int kv_peers;       // query tiles per cluster sharing K and V by multicast (kPeers)
 #if V5_HOPPER_TRACE
         trace::Buffer* trace = nullptr;   // the diagnostic build's timelines (trace.cuh)
 #endif

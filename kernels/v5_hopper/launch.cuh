@@ -32,11 +32,10 @@ namespace {
 // launch failed with "invalid argument" (seen on the H100, run 2 of NOTES.md).
 template <class Traits, bool kCausal>
 std::atomic<uint64_t> configured_devices{0};
-// Clusters of C CTAs that fit on device d at once plus one, [d][C] (0: not read yet, so a device that
+// Clusters of S CTAs that fit on device d at once plus one, [d][S] (0: not read yet, so a device that
 // fits none is read once too); internal for the same reason.
-constexpr int kMaxClusterCtas = 8;
 template <class Traits, bool kCausal>
-std::atomic<int> active_clusters[64][kMaxClusterCtas + 1] = {};
+std::atomic<int> active_clusters[64][Traits::kMaxSplits + 1] = {};
 }  // namespace
 
 namespace detail {
@@ -73,12 +72,10 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
     return {
         make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(q), shape_qk, stride_qk),
                       take<0, 2>(typename Traits::SmemLayoutQ{}), select<0, 2>(typename Traits::TileShapeQK{}), _1{}),
-        make_tma_copy(typename Traits::TmaLoadKV{}, make_tensor(make_gmem_ptr(k), shape_qk, stride_qk),
-                      take<0, 2>(typename Traits::SmemLayoutK{}), select<1, 2>(typename Traits::TileShapeQK{}),
-                      Int<Traits::kPeers>{}),
-        make_tma_copy(typename Traits::TmaLoadKV{}, make_tensor(make_gmem_ptr(v), shape_vt, stride_vt),
-                      take<0, 2>(typename Traits::SmemLayoutVt{}), select<1, 2>(typename Traits::TileShapePV{}),
-                      Int<Traits::kPeers>{}),
+        make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(k), shape_qk, stride_qk),
+                      take<0, 2>(typename Traits::SmemLayoutK{}), select<1, 2>(typename Traits::TileShapeQK{}), _1{}),
+        make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(v), shape_vt, stride_vt),
+                      take<0, 2>(typename Traits::SmemLayoutVt{}), select<1, 2>(typename Traits::TileShapePV{}), _1{}),
         make_tma_copy(SM90_TMA_STORE{}, make_tensor(make_gmem_ptr(static_cast<Element*>(o)), shape_qk, stride_qk),
                       take<0, 2>(typename Traits::SmemLayoutO{}), typename Traits::SlabShapeO{}, _1{}),
         static_cast<Element*>(o),
@@ -87,7 +84,6 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
         batch,
         scale * float(M_LOG2E),
         1,
-        Traits::kPeers,
     };
 }
 
@@ -116,51 +112,42 @@ inline cudaLaunchAttribute cluster_of(int splits) {
     return cluster;
 }
 
-// The cluster scheduling policy of a split launch (V5_DEV_CLUSTER_SPREAD).
-inline cudaLaunchAttribute spread_policy() {
-    cudaLaunchAttribute policy;
-    policy.id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
-    policy.val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
-    return policy;
-}
-
-// Clusters of `ctas` CTAs of this kernel that fit on the device at once (0 if unknown), read
-// once per device and cluster size.
+// Clusters of `splits` CTAs of this kernel that fit on the device at once (0 if unknown), read
+// once per device and split.
 template <class Traits, bool kCausal>
-int max_active_clusters(int ctas) {
+int max_active_clusters(int splits) {
     auto& cached = active_clusters<Traits, kCausal>;
     int device = 0;
-    if (cudaGetDevice(&device) != cudaSuccess || device >= 64 || ctas > kMaxClusterCtas) return 0;
-    const int known = cached[device][ctas].load(std::memory_order_relaxed);
+    if (cudaGetDevice(&device) != cudaSuccess || device >= 64 || splits > Traits::kMaxSplits) return 0;
+    const int known = cached[device][splits].load(std::memory_order_relaxed);
     if (known > 0) return known - 1;
     if (configure_once<Traits, kCausal>() != cudaSuccess) return 0;
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(ctas));
+    config.gridDim = dim3(unsigned(splits));
     config.blockDim = dim3(Traits::kThreads);
     config.dynamicSmemBytes = Traits::kSmemBytes;
-    cudaLaunchAttribute cluster[2] = {cluster_of(ctas), spread_policy()};
-    config.attrs = cluster;
-    config.numAttrs = V5_DEV_CLUSTER_SPREAD ? 2 : 1;
+    cudaLaunchAttribute cluster = cluster_of(splits);
+    config.attrs = &cluster;
+    config.numAttrs = 1;
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, v5_hopper_attention_fwd<Traits, kCausal>, &config) != cudaSuccess) {
         cudaGetLastError();   // not sticky: clear it so the launch does not report it
         return 0;
     }
-    cached[device][ctas].store(clusters + 1, std::memory_order_relaxed);
+    cached[device][splits].store(clusters + 1, std::memory_order_relaxed);
     return clusters;
 }
 
-// Key shares per query tile for a grid of `tiles` query tiles whose keys come in `key_shares` shares
-// at most (1: no split), in clusters of that many shares x Traits::kPeers query tiles: the most of 4
-// and 2 that keeps the grid within the CTAs the SMs hold at once (one per SM, two or three for
-// 64-row split CTAs), gives every rank a share, and whose clusters all fit on the device at once (a
-// second wave of clusters would double the time).
+// CTAs per cluster for a grid of `tiles` query tiles whose keys come in `key_shares` shares at
+// most (1: no split): the most of 4 and 2 that keeps the grid within the CTAs the SMs hold at once
+// (one per SM, two or three for 64-row split CTAs), gives every rank a share, and whose clusters all
+// fit on the device at once (a second wave of clusters would double the time).
 template <class Traits, bool kCausal>
 int cluster_splits(int64_t tiles, int key_shares) {
     const int64_t slots = int64_t(sm_count()) * Traits::kMinBlocksPerSm;
     for (int splits = Traits::kMaxSplits; splits >= 2; splits /= 2) {
-        if (splits > key_shares || tiles * splits > slots || splits * Traits::kPeers > kMaxClusterCtas) continue;
-        if (tiles / Traits::kPeers <= max_active_clusters<Traits, kCausal>(splits * Traits::kPeers)) return splits;
+        if (splits > key_shares || tiles * splits > slots) continue;
+        if (tiles <= max_active_clusters<Traits, kCausal>(splits)) return splits;
     }
     return 1;
 }
@@ -209,10 +196,9 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     config.blockDim = dim3(Traits::kThreads);
     config.dynamicSmemBytes = Traits::kSmemBytes;
     config.stream = stream;
-    cudaLaunchAttribute attributes[3];
+    cudaLaunchAttribute attributes[2];
     unsigned count = 0;
-    if constexpr (Traits::kSplit) attributes[count++] = cluster_of(params.key_splits * params.kv_peers);
-    if (Traits::kSplit && V5_DEV_CLUSTER_SPREAD) attributes[count++] = spread_policy();
+    if constexpr (Traits::kSplit) attributes[count++] = cluster_of(params.key_splits);
     if (kPdlKernel<Traits> && use_pdl(stream)) {
         attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attributes[count].val.programmaticStreamSerializationAllowed = 1;
@@ -247,29 +233,14 @@ struct Kernels {
     // memory for the receive slots at D=128. Its stages may be narrower than the full kernel's
     // (split_block_n): a share then runs as more, smaller steps.
     using Split = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, 2, true>;
-    // V5_DEV_SPLIT_PEERS (development, D=64 only): clusters of that many query tiles of one head x the
-    // key shares, K and V by multicast, each CTA's share resident in four stages.
-    static constexpr int kPeers = kHeadDim == 64 ? V5_DEV_SPLIT_PEERS : 1;
-    using SplitPeers =
-        KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, 4, true, false, kPeers>;
     static constexpr bool kFreeIssueKernel = kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0;
 
     // The split never gives a CTA fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key
     // stage each cost more than 2 of one 128-key stage on (1,8,256,64), the merge being paid for less
     // work (NOTES.md, run 34).
-    static constexpr int kMinShareKeys = 128;
     static int splits_for(int64_t split_tiles, int seq_len) {
+        constexpr int kMinShareKeys = 128;
         return cluster_splits<Split, false>(split_tiles, (seq_len + kMinShareKeys - 1) / kMinShareKeys);
-    }
-    // The multicast launch's key shares (1: it does not apply): a head's query tiles in whole groups
-    // of peers, every share within the stages (no refills), and all clusters on the device at once.
-    static int peer_splits(int64_t heads_total, int seq_len) {
-        const int m_blocks = split_m_blocks(seq_len);
-        if (m_blocks % kPeers != 0) return 1;
-        const int splits = cluster_splits<SplitPeers, false>(int64_t(m_blocks) * heads_total,
-                                                             (seq_len + kMinShareKeys - 1) / kMinShareKeys);
-        const int key_tiles = (seq_len + SplitPeers::kBlockN - 1) / SplitPeers::kBlockN;
-        return (key_tiles + splits - 1) / splits <= SplitPeers::kStages ? splits : 1;
     }
     static int split_m_blocks(int seq_len) { return (seq_len + Split::kBlockM - 1) / Split::kBlockM; }
 
@@ -311,14 +282,6 @@ struct Kernels {
                     float scale, cudaStream_t stream) {
         if constexpr (V5_HOPPER_KEY_SPLIT) {
             const int64_t heads_total = int64_t(heads) * batch;
-            if constexpr (kPeers > 1) {
-                const int shares = peer_splits(heads_total, seq_len);
-                if (shares > 1) {
-                    auto params = make_params<SplitPeers>(q, k, v, o, batch, heads, seq_len, scale);
-                    params.key_splits = shares;
-                    return launch_traits<SplitPeers, false>(params, stream);
-                }
-            }
             const int splits = splits_for(split_m_blocks(seq_len) * heads_total, seq_len);
             if (splits > 1) return split(q, k, v, o, batch, heads, seq_len, scale, splits, stream);
             const TailPlan plan = tail_plan(heads_total, seq_len);

@@ -33,10 +33,7 @@ struct TileScheduler {
     template <class KeyTiles>
     __device__ evo_sm90::KeyShare key_span(KeyTiles const& keys) const {
         if constexpr (Traits::kSplit) {
-            // With multicast peers a cluster holds kPeers query tiles: rank = peer x key_splits + share.
-            const int rank = evo_sm90::cluster_rank();
-            return evo_sm90::key_share(keys.end(), Traits::kMulticast ? rank % params.key_splits : rank,
-                                       params.key_splits);
+            return evo_sm90::key_share(keys.end(), evo_sm90::cluster_rank(), params.key_splits);
         } else {
             return {0, keys.end()};
         }

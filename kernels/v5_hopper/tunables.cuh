@@ -120,18 +120,6 @@
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
 #endif
 
-// A development macro, not a tunable (issue 8, run 116; off unless the build passes it): the D=64
-// split launch puts this many query tiles of one head (1: off, 4) in each cluster, which share every
-// K and V tile by TMA multicast, each CTA's whole key share resident in its stages (no refills).
-#ifndef V5_DEV_SPLIT_PEERS
-#define V5_DEV_SPLIT_PEERS 1
-#endif
-// A development macro, not a tunable (run 117; off unless the build passes it): split launches
-// ask the block scheduler to spread each cluster's CTAs over SMs (cudaClusterSchedulingPolicySpread).
-#ifndef V5_DEV_CLUSTER_SPREAD
-#define V5_DEV_CLUSTER_SPREAD 0
-#endif
-
 // CuTe's wgmma atoms for N = 176 come only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, whose
 // headers cost about 14 s of front end in every translation unit (the includes alone: 19.5 s with
 // it, 5.8 s without; NOTES.md, "Build time"): defined for the 176-key build only. It must come
