@@ -120,15 +120,11 @@
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
 #endif
 
-// Development macros, not tunables (run 120; off unless the build passes them): a busy wait of
-// V5_DEV_DELAY_CYCLES in one place of the split kernel, to see whether that place is on a call's
-// critical path in a build without probes: 1 the loading threads before the PDL wait, 2 the owner
-// before its store, 3 the consumers once their first key tile has landed.
-#ifndef V5_DEV_DELAY_AT
-#define V5_DEV_DELAY_AT 0
-#endif
-#ifndef V5_DEV_DELAY_CYCLES
-#define V5_DEV_DELAY_CYCLES 0
+// A development macro, not a tunable (run 121; 0 unless the build passes it): where a split CTA
+// lets the next grid launch: 0 after its last P V, 1 at entry (once its barriers exist), 2 after
+// its first key tile's softmax (the first invocation in a CTA counts, later ones do nothing).
+#ifndef V5_DEV_TRIGGER_AT
+#define V5_DEV_TRIGGER_AT 0
 #endif
 
 // CuTe's wgmma atoms for N = 176 come only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, whose
