@@ -246,7 +246,11 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
         softmax.template update<true>(s_rc, o_scale);
         if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
-        if constexpr (kPdlKernel<Traits> && V5_DEV_TRIGGER_AT == 2) evo_sm90::allow_next_grid();
+        // At D=64 the next grid may start launching after the first softmax: there its CTAs' prologue,
+        // not the previous grid's completion, gated the first load (0.08-0.17 us a call on the H200;
+        // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
+        // measured 0.05 us slower (NOTES.md, runs 120-121). The first invocation in a CTA counts.
+        if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);
         auto read_v = read_k;
         ++read_k;
@@ -295,8 +299,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (tile_count == 0) probe.mark(trace::kLastPv);
         release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
         if constexpr (Traits::kSplit) {
-            // The next grid may start launching once every CTA has passed its key loop (earlier, its
-            // CTAs would wait on SMs this grid still needs: v4_pipelined's NOTES.md, runs 6-7).
+            // The next grid may start launching once every CTA has passed its key loop (at D=64 it
+            // was let in after the first softmax, above; at entry, its CTAs would wait on SMs this
+            // grid still needs: v4_pipelined's NOTES.md, runs 6-7).
             if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
             const ClusterMerge<Traits> cluster{shared, params.key_splits};
             const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32);
@@ -370,7 +375,6 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     }
     __syncthreads();   // every barrier initialised before anyone arrives on or waits for one
     if constexpr (Traits::kSplit) evo_sm90::cluster_arrive_relaxed();
-    if constexpr (kPdlKernel<Traits> && V5_DEV_TRIGGER_AT == 1) evo_sm90::allow_next_grid();
     const unsigned long long synced_ns = V5_HOPPER_TRACE ? trace::global_ns() : 0;
     const unsigned long long synced_cycles = V5_HOPPER_TRACE ? clock64() : 0;
     // Programmatic dependent launch: this grid may have started while the previous kernel on the

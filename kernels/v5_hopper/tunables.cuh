@@ -120,13 +120,6 @@
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
 #endif
 
-// A development macro, not a tunable (run 121; 0 unless the build passes it): where a split CTA
-// lets the next grid launch: 0 after its last P V, 1 at entry (once its barriers exist), 2 after
-// its first key tile's softmax (the first invocation in a CTA counts, later ones do nothing).
-#ifndef V5_DEV_TRIGGER_AT
-#define V5_DEV_TRIGGER_AT 0
-#endif
-
 // CuTe's wgmma atoms for N = 176 come only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, whose
 // headers cost about 14 s of front end in every translation unit (the includes alone: 19.5 s with
 // it, 5.8 s without; NOTES.md, "Build time"): defined for the 176-key build only. It must come
