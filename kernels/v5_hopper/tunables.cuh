@@ -128,26 +128,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development only (0 by default, which leaves CuTe's descriptors as they are): every TMA
-// descriptor encoded with L2 promotion V5_DEV_L2_PROMOTION - 1 (CUtensorMapL2promotion: 0 none,
-// 1 64 B, 2 128 B as CuTe's, 3 256 B). CuTe hard-codes 128 B; its one call goes through this macro.
-#ifndef V5_DEV_L2_PROMOTION
-#define V5_DEV_L2_PROMOTION 0
-#endif
-#if V5_DEV_L2_PROMOTION
-#include <cuda.h>
-#include <cutlass/cuda_host_adapter.hpp>
-namespace v5_hopper {
-inline CUresult dev_cuTensorMapEncodeTiled(CUtensorMap* map, CUtensorMapDataType type, cuuint32_t rank, void* address,
-                                           const cuuint64_t* dims, const cuuint64_t* strides, const cuuint32_t* box,
-                                           const cuuint32_t* element_strides, CUtensorMapInterleave interleave,
-                                           CUtensorMapSwizzle swizzle, CUtensorMapL2promotion,
-                                           CUtensorMapFloatOOBfill fill) {
-    return cutlass::call_cuTensorMapEncodeTiled(map, type, rank, address, dims, strides, box, element_strides, interleave,
-                                                swizzle, CUtensorMapL2promotion(V5_DEV_L2_PROMOTION - 1), fill);
-}
-}  // namespace v5_hopper
-#undef CUTLASS_CUDA_DRIVER_WRAPPER_CALL
-#define CUTLASS_CUDA_DRIVER_WRAPPER_CALL(func) v5_hopper::dev_##func
-#endif
