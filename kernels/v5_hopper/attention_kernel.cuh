@@ -131,6 +131,14 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
         if (first_load) probe.mark(trace::kKvScheduled);
         for (int n = span.end - 1; n >= span.begin; --n) {
+#if V5_DEV_SPLIT_HOLD
+            if constexpr (Traits::kSplit && kRings == Rings::kBoth) {
+                if (n == span.end - 1 - V5_DEV_SPLIT_HOLD) {
+                    using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
+                    FullBarrier::wait(pipeline_k.producer_get_barrier(cutlass::make_producer_start_state<typename Traits::Pipeline>()), 0);
+                }
+            }
+#endif
             if constexpr (kRings != Rings::kV) {
                 pipeline_k.producer_acquire(write);
                 if (first_load) {
