@@ -132,7 +132,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         if (first_load) probe.mark(trace::kKvScheduled);
         for (int n = span.end - 1; n >= span.begin; --n) {
 #if V5_DEV_SPLIT_HOLD
-            if constexpr (Traits::kSplit && kRings == Rings::kBoth) {
+            if constexpr (Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
                 if (n == span.end - 1 - V5_DEV_SPLIT_HOLD) {
                     using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
                     FullBarrier::wait(pipeline_k.producer_get_barrier(cutlass::make_producer_start_state<typename Traits::Pipeline>()), 0);

@@ -232,7 +232,7 @@ struct Kernels {
     // A split CTA walks a share of one tile's keys: two stages are enough, and leave shared
     // memory for the receive slots at D=128. Its stages may be narrower than the full kernel's
     // (split_block_n): a share then runs as more, smaller steps.
-    using Split = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, V5_DEV_SPLIT_STAGES, true>;
+    using Split = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N, kHeadDim == 64 ? V5_DEV_SPLIT_STAGES_D64 : 2, true>;
     static constexpr bool kFreeIssueKernel = kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0;
 
     // The split never gives a CTA fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key

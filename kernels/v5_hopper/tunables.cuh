@@ -129,11 +129,11 @@
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
 
-// Development only (run 125): the split kernels' ring depth (2 by default), and how many key tiles
-// the K/V thread sends before it waits for its first K to land (0: never waits) so that the rest
-// does not share the start-of-call burst.
-#ifndef V5_DEV_SPLIT_STAGES
-#define V5_DEV_SPLIT_STAGES 2
+// Development only (runs 125-126): the D=64 split kernels' ring depth (2 by default), and how many
+// key tiles the K/V thread of a split kernel with more than two stages sends before it waits for
+// its first K to land (0: never waits), so that the rest does not share the start-of-call burst.
+#ifndef V5_DEV_SPLIT_STAGES_D64
+#define V5_DEV_SPLIT_STAGES_D64 2
 #endif
 #ifndef V5_DEV_SPLIT_HOLD
 #define V5_DEV_SPLIT_HOLD 0
