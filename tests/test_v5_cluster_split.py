@@ -15,16 +15,23 @@ from evo_sdpa.sass import dump_sass, find_sass_tools
 from test_v5_hopper import assert_matches_reference, needs_toolchain, sm90_device, v5_variant
 
 SPLIT = {"key_split": 1, "pdl": 1}   # PDL on every launch, eager ones included
-# KernelTraits<Element, D, M, N, 2, true, false>: the split traits' last two arguments, mangled.
-SPLIT_TRAITS = "ELi2ELb1ELb0EEE"
+# KernelTraits<Element, D, M, N, stages, true, false>: the split traits' last three arguments,
+# mangled (2 stages, or 4 in the D=64 kernels with split_stages_d64 4).
+SPLIT_TRAITS = re.compile(r"ELi[24]ELb1ELb0EEE")
+
+
+def is_split(kernel: str) -> bool:
+    return SPLIT_TRAITS.search(kernel) is not None
 
 
 # Split CTAs of 128 query rows (two consumer warp groups) and of 64 (one; two CTAs to an SM), the
-# latter with 128- and 64-key stages, and with 64-key stages three to an SM at D=64.
-@pytest.fixture(scope="module", params=[{"split_block_m": 128, "split_block_n": 128},
-                                        {"split_block_m": 64, "split_block_n": 128},
+# latter with 128- and 64-key stages, with 64-key stages three to an SM at D=64 (two stages each),
+# and with the default's four 64-key stages at D=64 (m64n64).
+@pytest.fixture(scope="module", params=[{"split_block_m": 128, "split_block_n": 128, "split_stages_d64": 2},
+                                        {"split_block_m": 64, "split_block_n": 128, "split_stages_d64": 2},
                                         {"split_block_m": 64, "split_block_n": 64},
-                                        {"split_block_m": 64, "split_block_n": 64, "split_ctas_per_sm": 3}],
+                                        {"split_block_m": 64, "split_block_n": 64, "split_ctas_per_sm": 3,
+                                         "split_stages_d64": 2}],
                 ids=["m128", "m64", "m64n64", "m64n64c3"])
 def split_build(request, tmp_path_factory):
     needs_toolchain()
@@ -36,7 +43,7 @@ def split_build(request, tmp_path_factory):
 
 def test_split_kernels_build_without_spills(split_build):
     _, resources = split_build
-    split = [r for r in resources if SPLIT_TRAITS in r["kernel"]]
+    split = [r for r in resources if is_split(r["kernel"])]
     assert len(split) == 4, [r["kernel"] for r in resources]   # fp16/bf16 x D 64/128, non-causal only
     assert all(r["spill_store_bytes"] == 0 and r["stack_frame_bytes"] == 0 for r in split)
     assert len(resources) == 14   # with the two D=128 free-issue kernels
@@ -45,7 +52,8 @@ def test_split_kernels_build_without_spills(split_build):
         # Launched for two CTAs per SM at D=64 (setmaxnreg then trades within 128 x 256 registers),
         # three with 64-key stages where asked (80 x 256).
         ctas = 3 if tunables["split_block_n"] == 64 and tunables["split_ctas_per_sm"] == 3 else 2
-        d64 = [r for r in split if re.search(r"ELi64ELi64ELi(64|128)ELi2ELb1", r["kernel"])]
+        stages = tunables["split_stages_d64"]
+        d64 = [r for r in split if re.search(rf"ELi64ELi64ELi(64|128)ELi{stages}ELb1", r["kernel"])]
         assert len(d64) == 2 and all(r["registers"] <= 65536 // (256 * ctas) // 8 * 8 for r in d64), d64
 
 
@@ -56,7 +64,7 @@ def test_split_kernels_push_through_st_async_without_a_fence(split_build):
         pytest.skip(str(exc))
     _, listing = dump_sass(tools, split_build[0]["artifact"])
     functions = re.split(r"\n\s*Function : ", listing)
-    split = [f for f in functions if SPLIT_TRAITS in f.split("\n", 1)[0]]
+    split = [f for f in functions if is_split(f.split("\n", 1)[0])]
     assert len(split) == 4
     for body in split:
         head_dim = int(re.search(r"_tELi(\d+)ELi", body.split("\n", 1)[0]).group(1))   # KernelTraits<T, D, ...>
@@ -109,7 +117,8 @@ def test_small_grids_run_the_split_kernel(split_build, grid, splits):
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if "v5_hopper_attention_fwd" in e.name]
     assert names, [e.name for e in prof.events()]
-    assert any(", 2, true, false>" in name for name in names) == splits, names   # KernelTraits<..., split, free issue>
+    # KernelTraits<..., stages, split, free issue>
+    assert any(re.search(r", [24], true, false>", name) for name in names) == splits, names
 
 
 @pytest.mark.gpu

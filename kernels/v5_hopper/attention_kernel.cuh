@@ -117,6 +117,8 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
 
     const TileScheduler<Traits, kCausal> scheduler{params};
     auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
+    const auto first_stage = write;
+    constexpr int kSplitBurstTiles = 2;
     bool first_load = true;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t)) {
         const TileCoord tile = scheduler.coord(t);
@@ -131,14 +133,15 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
         if (first_load) probe.mark(trace::kKvScheduled);
         for (int n = span.end - 1; n >= span.begin; --n) {
-#if V5_DEV_SPLIT_HOLD
+            // A split ring deeper than two stages (a CTA's one query tile) sends two key tiles with
+            // Q, then waits for the first K before the rest: sent at once, they made that K land
+            // later (0.64 us, NOTES.md, run 38); sent as stages came free, the V refills landed
+            // just as the steps needed them (runs 125-126).
             if constexpr (Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
-                if (n == span.end - 1 - V5_DEV_SPLIT_HOLD) {
-                    using FullBarrier = cutlass::arch::ClusterTransactionBarrier;
-                    FullBarrier::wait(pipeline_k.producer_get_barrier(cutlass::make_producer_start_state<typename Traits::Pipeline>()), 0);
+                if (n == span.end - 1 - kSplitBurstTiles) {
+                    cutlass::arch::ClusterTransactionBarrier::wait(pipeline_k.producer_get_barrier(first_stage), 0);
                 }
             }
-#endif
             if constexpr (kRings != Rings::kV) {
                 pipeline_k.producer_acquire(write);
                 if (first_load) {

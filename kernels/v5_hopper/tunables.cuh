@@ -92,6 +92,10 @@
 #ifndef V5_HOPPER_SPLIT_BLOCK_N
 #error "V5_HOPPER_SPLIT_BLOCK_N undefined: the build passes it from variant.yaml (tunables.split_block_n)"
 #endif
+// K and V ring depth of the D=64 split kernels (2, or 4: a 256-key share resident)
+#ifndef V5_HOPPER_SPLIT_STAGES_D64
+#error "V5_HOPPER_SPLIT_STAGES_D64 undefined: the build passes it from variant.yaml (tunables.split_stages_d64)"
+#endif
 // the most 64-row split CTAs an SM holds (2 or 3), where their shared memory fits
 #ifndef V5_HOPPER_SPLIT_CTAS_PER_SM
 #error "V5_HOPPER_SPLIT_CTAS_PER_SM undefined: the build passes it from variant.yaml (tunables.split_ctas_per_sm)"
@@ -127,14 +131,4 @@
 // file first, and the check at the top of this file stops a translation unit that did not.
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
-#endif
-
-// Development only (runs 125-126): the D=64 split kernels' ring depth (2 by default), and how many
-// key tiles the K/V thread of a split kernel with more than two stages sends before it waits for
-// its first K to land (0: never waits), so that the rest does not share the start-of-call burst.
-#ifndef V5_DEV_SPLIT_STAGES_D64
-#define V5_DEV_SPLIT_STAGES_D64 2
-#endif
-#ifndef V5_DEV_SPLIT_HOLD
-#define V5_DEV_SPLIT_HOLD 0
 #endif
