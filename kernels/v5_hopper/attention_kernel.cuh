@@ -241,18 +241,12 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         const auto [q_buffer, q_use] = Traits::q_slot(tile_count);
         BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
         if (tile_count == 0) probe.mark(trace::kQReady);
-#if V5_DEV_TRIGGER_AT == 2
-        if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
-#endif
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
         int n = span.end - 1;
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
-#if V5_DEV_TRIGGER_AT == 1
-        if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
-#endif
         turn.wait();
         warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
         turn.pass();

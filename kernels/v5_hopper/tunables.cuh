@@ -132,9 +132,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development only (run 129): where a D=64 split CTA lets the next grid in besides after its
-// first softmax (0): 1 once its first K has landed, 2 once its Q has. The first invocation counts.
-#ifndef V5_DEV_TRIGGER_AT
-#define V5_DEV_TRIGGER_AT 0
-#endif
