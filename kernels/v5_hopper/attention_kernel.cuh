@@ -139,13 +139,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
             // just as the steps needed them (runs 125-126).
             if constexpr (Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
                 if (n == span.end - 1 - kSplitBurstTiles) {
-#if V5_DEV_HOLD_ON_V1
-                    auto last_of_burst = first_stage;
-                    ++last_of_burst;
-                    cutlass::arch::ClusterTransactionBarrier::wait(pipeline_v.producer_get_barrier(last_of_burst), 0);
-#else
                     cutlass::arch::ClusterTransactionBarrier::wait(pipeline_k.producer_get_barrier(first_stage), 0);
-#endif
                 }
             }
             if constexpr (kRings != Rings::kV) {

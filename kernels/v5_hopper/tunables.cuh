@@ -132,9 +132,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development only (run 130): a D=64 split ring of four stages waits for the whole start-of-call
-// burst (its last tile, V1) to land before it sends the rest, not for the first K alone.
-#ifndef V5_DEV_HOLD_ON_V1
-#define V5_DEV_HOLD_ON_V1 0
-#endif
