@@ -193,8 +193,9 @@ struct KernelTraits {
     static_assert(kSmemBytes <= 227 * 1024,
                   "an H100 CTA has at most 227 KB of shared memory (tma_epilogue=1 and stages=3 at D=128 exceed it)");
     // CTAs an SM holds: 64-row split CTAs as many as their shared memory fits in the SM's 228 KB
-    // (1 KB of it reserved per CTA), up to split_ctas_per_sm: with 64-key stages about 54 KB each at
-    // D=64 and 106 KB at D=128, with 128-key stages 86 KB at D=64; one CTA of more warp groups.
+    // (1 KB of it reserved per CTA), up to split_ctas_per_sm: with two 64-key stages about 54 KB each
+    // at D=64 (four, split_stages_d64: 87 KB) and 106 KB at D=128, with two 128-key stages 86 KB at
+    // D=64; one CTA of more warp groups.
     static constexpr int kSmemCtasPerSm = 228 * 1024 / (kSmemBytes + 1024);
     static constexpr int kMinBlocksPerSm =
         kConsumerWarpGroups > 1 ? 1 : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;
