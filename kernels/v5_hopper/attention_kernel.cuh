@@ -117,8 +117,6 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
 
     const TileScheduler<Traits, kCausal> scheduler{params};
     auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
-    const auto first_stage = write;
-    constexpr int kSplitBurstTiles = 2;
     bool first_load = true;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t)) {
         const TileCoord tile = scheduler.coord(t);
@@ -138,7 +136,9 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
             // later (0.64 us, NOTES.md, run 38); sent as stages came free, the V refills landed
             // just as the steps needed them (runs 125-126).
             if constexpr (Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
-                if (n == span.end - 1 - kSplitBurstTiles) {
+                constexpr int kBurstTiles = 2;
+                if (n == span.end - 1 - kBurstTiles) {
+                    const auto first_stage = cutlass::make_producer_start_state<typename Traits::Pipeline>();
                     cutlass::arch::ClusterTransactionBarrier::wait(pipeline_k.producer_get_barrier(first_stage), 0);
                 }
             }
