@@ -190,149 +190,6 @@ __device__ __forceinline__ void end_block_after(float last) {
     if (__float_as_uint(last) == 0xffffffffu) __nanosleep(1);
 }
 
-// Two chains (Traits::kTwoChains, a share of two key tiles or more): the warp group keeps two online
-// softmaxes, A over the share's tiles end-1, end-3, ... and B over end-2, end-4, ..., and runs a
-// step of each together: both Q K^T, then both P V of the step before, one softmax after the other
-// under those P V. With one warp a sub-partition and one chain, each step waited on its own
-// product and exponentials; two independent chains give the scheduler a second one to issue from
-// (NOTES.md, run 131). B is folded into A, in registers, after the last P V; A's state and O then
-// cover the whole share. The stages are read in the order the producer fills them, one per tile.
-template <class Traits, class Keys, class Softmax, class TensorQ, class TensorK, class TensorV, class TensorS,
-          class TensorO, class CoordRowCol>
-__device__ void consume_two_chains(typename Traits::SharedStorage& shared, typename Traits::Pipeline& pipeline_k,
-                                   typename Traits::Pipeline& pipeline_v, typename Traits::PipelineState& read_k,
-                                   Keys const& keys, evo_sm90::KeyShare span, Softmax& softmax,
-                                   TensorQ const& tSrQ, TensorK const& tSrK, TensorV const& tOrV, TensorS& tSrS,
-                                   TensorO& tOrO, CoordRowCol const& coord_rc, trace::Probe probe) {
-    static_assert(Traits::kConsumerWarpGroups == 1, "one warp group: no issue turns to take");
-    using Element = typename Traits::Element;
-    constexpr int kRows = Softmax::kRowsPerThread;
-    typename Traits::TiledMmaQK mma_qk;
-    typename Traits::TiledMmaPV mma_pv;
-    Tensor tSrS_b = make_fragment_like(tSrS);
-    Tensor tOrO_b = make_fragment_like(tOrO);
-    Tensor s_a = rowcol_view(tSrS);
-    Tensor s_b = rowcol_view(tSrS_b);
-    Tensor o_a = rowcol_view(tOrO);
-    Tensor o_b = rowcol_view(tOrO_b);
-    Softmax softmax_b(softmax.scale_log2);
-    float scale_a[kRows], scale_b[kRows];
-    clear(tOrO_b);
-
-    // First pair: tiles end-1 (A) and end-2 (B).
-    int n = span.end - 1;
-    auto read_a = read_k;
-    auto read_b = read_k;
-    ++read_b;
-    pipeline_k.consumer_wait(read_a);
-    probe.mark(trace::kFirstKReady);
-    pipeline_k.consumer_wait(read_b);
-    warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_a.index()), tSrS);
-    warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_b.index()), tSrS_b);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tSrS);
-    warpgroup_fence_operand(tSrS_b);
-    probe.mark(trace::kFirstS);
-    if constexpr (kPdlKernel<Traits> && V5_DEV_TWO_CHAIN_TRIGGER == 1) evo_sm90::allow_next_grid();
-    release_stage<Traits>(pipeline_k, shared.pipeline_k, read_a);
-    release_stage<Traits>(pipeline_k, shared.pipeline_k, read_b);
-    if (keys.needs_mask(n)) keys.apply(s_a, coord_rc, n);
-    if (keys.needs_mask(n - 1)) keys.apply(s_b, coord_rc, n - 1);
-    softmax.template update<true>(s_a, scale_a);
-    softmax_b.template update<true>(s_b, scale_b);
-    probe.mark(trace::kFirstSoftmax);
-    if constexpr (kPdlKernel<Traits> && V5_DEV_TWO_CHAIN_TRIGGER == 0) evo_sm90::allow_next_grid();   // as one chain does
-    Tensor p_a = convert_to_a_operand<Element>(tSrS);
-    Tensor p_b = convert_to_a_operand<Element>(tSrS_b);
-    auto v_a = read_a;
-    auto v_b = read_b;
-    ++read_a, ++read_a;
-    ++read_b, ++read_b;
-
-    // Each later pair: tiles n (A) and n - 1 (B), with the previous pair's P V under their softmaxes.
-    for (n -= 2; n - 1 >= span.begin; n -= 2) {
-        pipeline_k.consumer_wait(read_a);
-        pipeline_k.consumer_wait(read_b);
-        pipeline_v.consumer_wait(v_a);
-        pipeline_v.consumer_wait(v_b);
-        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_a.index()), tSrS);
-        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_b.index()), tSrS_b);
-        warpgroup_gemm<false>(mma_pv, p_a, tOrV(_, _, _, v_a.index()), tOrO);
-        warpgroup_gemm<false>(mma_pv, p_b, tOrV(_, _, _, v_b.index()), tOrO_b);
-        warpgroup_wait<2>();            // both S have landed; both P V may still run
-        warpgroup_fence_operand(tSrS);
-        warpgroup_fence_operand(tSrS_b);
-        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_a);
-        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_b);
-        if (keys.needs_mask(n)) keys.apply(s_a, coord_rc, n);
-        if (keys.needs_mask(n - 1)) keys.apply(s_b, coord_rc, n - 1);
-        const bool rescaled_a = softmax.template update<false>(s_a, scale_a);
-        const bool rescaled_b = softmax_b.template update<false>(s_b, scale_b);
-        end_block_after(softmax_b.row_sum[kRows - 1]);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrO_b);
-        release_stage<Traits>(pipeline_v, shared.pipeline_v, v_a);
-        release_stage<Traits>(pipeline_v, shared.pipeline_v, v_b);
-        if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled_a)) scale_rows(o_a, scale_a);
-        if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled_b)) scale_rows(o_b, scale_b);
-        p_a = convert_to_a_operand<Element>(tSrS);
-        p_b = convert_to_a_operand<Element>(tSrS_b);
-        v_a = read_a;
-        v_b = read_b;
-        ++read_a, ++read_a;
-        ++read_b, ++read_b;
-    }
-
-    if (n == span.begin) {
-        // An odd share: its first tile goes to A alone, with both chains' last-but-one P V.
-        pipeline_k.consumer_wait(read_a);
-        pipeline_v.consumer_wait(v_a);
-        pipeline_v.consumer_wait(v_b);
-        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_a.index()), tSrS);
-        warpgroup_gemm<false>(mma_pv, p_a, tOrV(_, _, _, v_a.index()), tOrO);
-        warpgroup_gemm<false>(mma_pv, p_b, tOrV(_, _, _, v_b.index()), tOrO_b);
-        warpgroup_wait<2>();
-        warpgroup_fence_operand(tSrS);
-        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_a);
-        if (keys.needs_mask(n)) keys.apply(s_a, coord_rc, n);
-        const bool rescaled_a = softmax.template update<false>(s_a, scale_a);
-        end_block_after(softmax.row_sum[kRows - 1]);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrO_b);
-        release_stage<Traits>(pipeline_v, shared.pipeline_v, v_a);
-        release_stage<Traits>(pipeline_v, shared.pipeline_v, v_b);
-        if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled_a)) scale_rows(o_a, scale_a);
-        p_a = convert_to_a_operand<Element>(tSrS);
-        pipeline_v.consumer_wait(read_a);
-        warpgroup_gemm<false>(mma_pv, p_a, tOrV(_, _, _, read_a.index()), tOrO);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        release_stage<Traits>(pipeline_v, shared.pipeline_v, read_a);
-    } else {
-        pipeline_v.consumer_wait(v_a);
-        pipeline_v.consumer_wait(v_b);
-        warpgroup_gemm<false>(mma_pv, p_a, tOrV(_, _, _, v_a.index()), tOrO);
-        warpgroup_gemm<false>(mma_pv, p_b, tOrV(_, _, _, v_b.index()), tOrO_b);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(tOrO_b);
-        release_stage<Traits>(pipeline_v, shared.pipeline_v, v_a);
-        release_stage<Traits>(pipeline_v, shared.pipeline_v, v_b);
-    }
-    probe.mark(trace::kLastPv);
-    for (int t = span.begin; t < span.end; ++t) ++read_k;
-
-    float weight_a[kRows], weight_b[kRows];
-    softmax.fold(softmax_b.row_max, softmax_b.row_sum, weight_a, weight_b);
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < size<1>(o_a); ++c) o_a(r, c) = fmaf(o_a(r, c), weight_a[r], o_b(r, c) * weight_b[r]);
-    }
-}
-
 template <class Traits, bool kCausal>
 __device__ void consume(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
@@ -386,83 +243,72 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (tile_count == 0) probe.mark(trace::kQReady);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
-        bool keys_done = false;
-        if constexpr (Traits::kTwoChains) {
-            if (span.end - span.begin >= 2) {
-                consume_two_chains<Traits>(shared, pipeline_k, pipeline_v, read_k, keys, span, softmax, tSrQ_tile, tSrK,
-                                           tOrV, tSrS, tOrO, coord_rc, tile_count == 0 ? probe : trace::Probe{});
-                BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
-                keys_done = true;
-            }
-        }
-        if (!keys_done) {
-            int n = span.end - 1;
-            // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
+        int n = span.end - 1;
+        // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
+        pipeline_k.consumer_wait(read_k);
+        if (tile_count == 0) probe.mark(trace::kFirstKReady);
+        turn.wait();
+        warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
+        turn.pass();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        if (tile_count == 0) probe.mark(trace::kFirstS);
+        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+        if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+        softmax.template update<true>(s_rc, o_scale);
+        if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
+        // At D=64 the next grid may start launching after the first softmax: there its CTAs' prologue,
+        // not the previous grid's completion, gated the first load (0.08-0.17 us a call on the H200;
+        // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
+        // measured 0.05 us slower (NOTES.md, runs 120-121). The first invocation in a CTA counts.
+        if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
+        Tensor tOrP = convert_to_a_operand<Element>(tSrS);
+        auto read_v = read_k;
+        ++read_k;
+
+        for (--n; n >= span.begin; --n) {
             pipeline_k.consumer_wait(read_k);
-            if (tile_count == 0) probe.mark(trace::kFirstKReady);
-            turn.wait();
-            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
-            turn.pass();
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tSrS);
-            if (tile_count == 0) probe.mark(trace::kFirstS);
-            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-            softmax.template update<true>(s_rc, o_scale);
-            if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
-            // At D=64 the next grid may start launching after the first softmax: there its CTAs' prologue,
-            // not the previous grid's completion, gated the first load (0.08-0.17 us a call on the H200;
-            // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
-            // measured 0.05 us slower (NOTES.md, runs 120-121). The first invocation in a CTA counts.
-            if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
-            Tensor tOrP = convert_to_a_operand<Element>(tSrS);
-            auto read_v = read_k;
-            ++read_k;
-
-            for (--n; n >= span.begin; --n) {
-                pipeline_k.consumer_wait(read_k);
-                pipeline_v.consumer_wait(read_v);
-                turn.wait();
-                warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
-                warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-                turn.pass();
-                warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
-                warpgroup_fence_operand(tSrS);
-                release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-                if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-                bool rescaled;
-                if constexpr (Traits::kOptimisticMax) {
-                    rescaled = softmax.update_optimistic(s_rc, p_rc, o_scale);
-                } else {
-                    rescaled = softmax.template update<false>(s_rc, o_scale);
-                }
-                if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
-                warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
-                warpgroup_fence_operand(tOrO);
-                release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-                // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
-                if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
-                if constexpr (Traits::kOptimisticMax) {
-                    tOrP = convert_to_a_operand<Element>(tSrP);
-                } else {
-                    tOrP = convert_to_a_operand<Element>(tSrS);
-                }
-                read_v = read_k;
-                ++read_k;
-            }
-            // Every Q K^T of this query tile has completed: the producer may load the next Q.
-            BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
-
-            // Last P V.
             pipeline_v.consumer_wait(read_v);
             turn.wait();
+            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-            if (!turn.is_last()) turn.pass();
-            warpgroup_wait<0>();
+            turn.pass();
+            warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
+            warpgroup_fence_operand(tSrS);
+            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+            bool rescaled;
+            if constexpr (Traits::kOptimisticMax) {
+                rescaled = softmax.update_optimistic(s_rc, p_rc, o_scale);
+            } else {
+                rescaled = softmax.template update<false>(s_rc, o_scale);
+            }
+            if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
+            warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
-            if (tile_count == 0) probe.mark(trace::kLastPv);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
+            // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
+            if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
+            if constexpr (Traits::kOptimisticMax) {
+                tOrP = convert_to_a_operand<Element>(tSrP);
+            } else {
+                tOrP = convert_to_a_operand<Element>(tSrS);
+            }
+            read_v = read_k;
+            ++read_k;
         }
+        // Every Q K^T of this query tile has completed: the producer may load the next Q.
+        BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
+
+        // Last P V.
+        pipeline_v.consumer_wait(read_v);
+        turn.wait();
+        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        if (!turn.is_last()) turn.pass();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (tile_count == 0) probe.mark(trace::kLastPv);
+        release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
         if constexpr (Traits::kSplit) {
             // The next grid may start launching once every CTA has passed its key loop (at D=64 it
             // was let in after the first softmax, above; at entry, its CTAs would wait on SMs this

@@ -39,9 +39,6 @@ struct KernelTraits {
     // split kernels, whose start-of-call burst is tuned as one thread issues it: NOTES.md, run 44).
     static_assert(V5_HOPPER_KV_PRODUCERS == 1 || V5_HOPPER_KV_PRODUCERS == 2, "kv_producers: 1 or 2");
     static constexpr bool kSeparateV = V5_HOPPER_KV_PRODUCERS == 2 && !kSplit;
-    // Two softmax chains over alternate key tiles in a D=64 split CTA (development, run 131): at
-    // D=128 two O accumulators and two S would not fit the consumers' registers.
-    static constexpr bool kTwoChains = kSplit && kHeadDim == 64 && V5_DEV_SPLIT_CHAINS == 2;
     static constexpr int kConsumerWarpGroups = kBlockM / 64;
     static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
     static constexpr int kThreads = kConsumerThreads + cutlass::NumThreadsPerWarpGroup;  // + the producer

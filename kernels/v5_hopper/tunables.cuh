@@ -132,15 +132,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development only (run 131): 2 gives a D=64 split CTA's warp group two online softmaxes over
-// alternate key tiles of its share, folded in registers after the last P V (attention_kernel.cuh,
-// consume_two_chains); 1 is the default's one chain.
-#ifndef V5_DEV_SPLIT_CHAINS
-#define V5_DEV_SPLIT_CHAINS 1
-#endif
-// Where two chains let the next grid in: 0 after the first pair's softmaxes (as one chain does
-// after its first), 1 once the first pair's Q K^T have landed.
-#ifndef V5_DEV_TWO_CHAIN_TRIGGER
-#define V5_DEV_TWO_CHAIN_TRIGGER 0
-#endif
