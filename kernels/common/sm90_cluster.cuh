@@ -35,6 +35,13 @@ __device__ __forceinline__ int cluster_rank() {
     return static_cast<int>(rank);
 }
 
+// The cluster's index along the grid's x (blockIdx.x / the cluster's x size, with no division).
+__device__ __forceinline__ int cluster_id_x() {
+    uint32_t id;
+    asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(id));
+    return static_cast<int>(id);
+}
+
 __device__ __forceinline__ int cluster_size() {
     uint32_t size;
     asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));

@@ -29,6 +29,10 @@ struct ClusterMerge {
     typename Traits::SharedStorage& shared;
     int splits;
 
+    // splits is a power of two (cluster_splits halves from kMaxSplits): warp / splits and warp % splits
+    // as a shift and a mask, no runtime division at entry or before the merge (NOTES.md, run 132).
+    __device__ int shift() const { return __ffs(splits) - 1; }
+
     __device__ uint32_t barrier(int owned) const { return cute::cast_smem_ptr_to_uint(&shared.receive_barrier[owned]); }
     __device__ int slot_offset(int owned, int src, int owner) const {
         return (owned * (splits - 1) + (src < owner ? src : src - 1)) * Traits::kWarpStateBytes;
@@ -36,7 +40,7 @@ struct ClusterMerge {
 
     // Entry, thread 0: one receive barrier per owned warp, expecting S - 1 states.
     __device__ void init_barriers() const {
-        for (int owned = 0; owned < Traits::kConsumerWarps / splits; ++owned) {
+        for (int owned = 0; owned < Traits::kConsumerWarps >> shift(); ++owned) {
             evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * Traits::kWarpStateBytes));
         }
         evo_sm90::fence_barrier_init();
@@ -58,8 +62,8 @@ struct ClusterMerge {
                       "a chunk is a column pair of row 0, then of row 1");
         auto* values = o.data();
         const int rank = evo_sm90::cluster_rank();
-        const int owner = warp % splits;
-        const int owned = warp / splits;
+        const int owner = warp & (splits - 1);
+        const int owned = warp >> shift();
         const uint32_t receive = cute::cast_smem_ptr_to_uint(shared.receive.data());
         // Every rank's barriers exist. Owners wait too, though on the card only a pusher needs to:
         // compute-sanitizer's racecheck follows a push only past the owner's own wait (NOTES.md,

@@ -192,7 +192,15 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     const int64_t ctas = persistent ? std::min(tiles, sms) : tiles * params.key_splits;
 
     cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(ctas));
+    // A split grid is (query tiles x splits, heads, batch): each CTA reads its tile off its indices
+    // (TileScheduler::coord). It runs only where all its clusters fit the GPU at once, so its heads
+    // and batch are far below the 65535 a grid's y and z allow.
+    if constexpr (Traits::kSplit) {
+        if (params.heads > 65535 || params.batch > 65535) return kUnsupported;
+        config.gridDim = dim3(unsigned(m_blocks * params.key_splits), unsigned(params.heads), unsigned(params.batch));
+    } else {
+        config.gridDim = dim3(unsigned(ctas));
+    }
     config.blockDim = dim3(Traits::kThreads);
     config.dynamicSmemBytes = Traits::kSmemBytes;
     config.stream = stream;

@@ -22,9 +22,7 @@ struct TileScheduler {
     __device__ TileOrder order() const {
         return {m_blocks(), params.heads * params.batch, int(gridDim.x), Traits::kCausalOrder, kCausal};
     }
-    __device__ int first() const {
-        return Traits::kSplit ? int(blockIdx.x) / params.key_splits : order().first(int(blockIdx.x));
-    }
+    __device__ int first() const { return Traits::kSplit ? 0 : order().first(int(blockIdx.x)); }
     __device__ int next(int tile) const { return Traits::kSplit ? INT_MAX : order().next(tile); }
     __device__ bool valid(int tile) const { return order().valid(tile); }
 
@@ -33,13 +31,23 @@ struct TileScheduler {
     template <class KeyTiles>
     __device__ evo_sm90::KeyShare key_span(KeyTiles const& keys) const {
         if constexpr (Traits::kSplit) {
-            return evo_sm90::key_share(keys.end(), evo_sm90::cluster_rank(), params.key_splits);
+            // evo_sm90::key_share's shares, with its division by a power of two (cluster_splits
+            // halves from kMaxSplits) as a shift.
+            static_assert((Traits::kMaxSplits & (Traits::kMaxSplits - 1)) == 0, "split counts: powers of two");
+            const int steps = keys.end();
+            const int rank = evo_sm90::cluster_rank();
+            const int shift = __ffs(params.key_splits) - 1;
+            return {(rank * steps) >> shift, ((rank + 1) * steps) >> shift};
         } else {
             return {0, keys.end()};
         }
     }
 
     __device__ TileCoord coord(int tile) const {
+        // A split grid is (query tiles x splits, heads, batch), one tile a cluster: its coordinates
+        // are the CTA's indices. From a 1-D index they took three runtime divisions, on the loading
+        // thread's path to its first load and again on the owner's after the merge (NOTES.md, run 132).
+        if constexpr (Traits::kSplit) return {evo_sm90::cluster_id_x(), int(blockIdx.y), int(blockIdx.z)};
         int m_block, head_index;
         order().locate(tile, m_block, head_index);
         return {m_block, head_index % params.heads, head_index / params.heads};

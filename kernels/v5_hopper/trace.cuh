@@ -48,7 +48,7 @@ static_assert(kPoints + 1 <= kSlots, "points and the SM slot fit a row");
 struct Buffer {
     unsigned long long ctas_done;   // CTAs whose row is written, since the last reset
     unsigned long long unused;
-    unsigned long long grid[kCalls];                        // gridDim.x of each call's row
+    unsigned long long grid[kCalls];                        // CTAs in each call's row's launch
     unsigned long long global_ns[kCalls][kCtas][kSlots];
     unsigned long long cycles[kCalls][kCtas][kSlots];
 };
@@ -95,16 +95,18 @@ __device__ __forceinline__ void clear(Row& row) {
 __device__ __forceinline__ void finish(Buffer* b, Row const& row, int rank) {
     if (!V5_HOPPER_TRACE || b == nullptr) return;
     const unsigned long long done = *reinterpret_cast<volatile unsigned long long*>(&b->ctas_done);
-    const unsigned long long call = done / gridDim.x % kCalls;
-    if (blockIdx.x == 0) b->grid[call] = gridDim.x;
-    if (blockIdx.x < kCtas) {
+    const unsigned long long ctas = static_cast<unsigned long long>(gridDim.x) * gridDim.y * gridDim.z;   // a split grid is 3-D
+    const unsigned long long cta = blockIdx.x + gridDim.x * (blockIdx.y + static_cast<unsigned long long>(gridDim.y) * blockIdx.z);
+    const unsigned long long call = done / ctas % kCalls;
+    if (cta == 0) b->grid[call] = ctas;
+    if (cta < kCtas) {
         for (int i = 0; i < kPoints; ++i) {
-            b->global_ns[call][blockIdx.x][i] = row.ns[i];
-            b->cycles[call][blockIdx.x][i] = row.cycles[i];
+            b->global_ns[call][cta][i] = row.ns[i];
+            b->cycles[call][cta][i] = row.cycles[i];
         }
         unsigned sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-        b->global_ns[call][blockIdx.x][kPoints] = (unsigned long long)sm | ((unsigned long long)rank << 32);
+        b->global_ns[call][cta][kPoints] = (unsigned long long)sm | ((unsigned long long)rank << 32);
     }
     atomicAdd(&b->ctas_done, 1ull);
 }
