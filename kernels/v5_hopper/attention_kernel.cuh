@@ -338,6 +338,19 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     if constexpr (Traits::kTmaEpilogue) store_slab_drain(consumer_thread % cutlass::NumThreadsPerWarpGroup);
 }
 
+// Entry, thread 0: a K or V ring's barriers, as CUTLASS's PipelineTmaAsync::init_barriers sets them
+// for a cluster of one (a stage is full on the loading thread's arrival and its bytes, empty once
+// every consumer thread has released it), without its fence: that one ran in each of warp group
+// 0's 128 threads, once per ring, on the path to the CTA's first barrier (NOTES.md, run 134).
+template <class Traits>
+__device__ void init_ring_barriers(typename Traits::Pipeline::SharedStorage& ring) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int stage = 0; stage < Traits::kStages; ++stage) {
+        ring.full_barrier_[stage].init(1);
+        ring.empty_barrier_[stage].init(Traits::kConsumerThreads);
+    }
+}
+
 // The K or V ring's parameters for one role: the producer thread is the leader that posts each
 // stage's expected TMA bytes; every consumer thread releases stages (arrival count = consumers).
 template <class Traits>
@@ -370,7 +383,12 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
             Traits::BarrierQ::init(&shared.barrier_q[b], 1);
             Traits::BarrierQEmpty::init(&shared.barrier_q_empty[b], Traits::kConsumerThreads);
         }
-        if constexpr (Traits::kSplit) ClusterMerge<Traits>{shared, params.key_splits}.init_barriers();
+        init_ring_barriers<Traits>(shared.pipeline_k);
+        init_ring_barriers<Traits>(shared.pipeline_v);
+        // The split count from the cluster, not the parameters: nothing here waits on the launch's
+        // constant bank.
+        if constexpr (Traits::kSplit) ClusterMerge<Traits>{shared, evo_sm90::cluster_size()}.init_barriers();
+        cutlass::arch::fence_barrier_init();   // one fence for every barrier above
 #if V5_HOPPER_TRACE
         trace::clear(shared.trace_row);
 #endif
@@ -380,10 +398,6 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     // Barriers first, pipeline objects later: built after setmaxnreg, inside each role's branch,
     // nothing but the kernel parameters stays live across the register reallocation (values that
     // did were spilled to local memory around it).
-    if (warp_group == 0) {
-        Pipeline::init_barriers(shared.pipeline_k, pipeline_params<Traits>(true, false, Traits::kTmaBytesK), Shape<_1, _1, _1>{});
-        Pipeline::init_barriers(shared.pipeline_v, pipeline_params<Traits>(true, false, Traits::kTmaBytesV), Shape<_1, _1, _1>{});
-    }
     __syncthreads();   // every barrier initialised before anyone arrives on or waits for one
     if constexpr (Traits::kSplit) evo_sm90::cluster_arrive_relaxed();
     const unsigned long long synced_ns = V5_HOPPER_TRACE ? trace::global_ns() : 0;

@@ -38,12 +38,12 @@ struct ClusterMerge {
         return (owned * (splits - 1) + (src < owner ? src : src - 1)) * Traits::kWarpStateBytes;
     }
 
-    // Entry, thread 0: one receive barrier per owned warp, expecting S - 1 states.
+    // Entry, thread 0: one receive barrier per owned warp, expecting S - 1 states (the caller
+    // fences the initialisations).
     __device__ void init_barriers() const {
         for (int owned = 0; owned < Traits::kConsumerWarps >> shift(); ++owned) {
             evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * Traits::kWarpStateBytes));
         }
-        evo_sm90::fence_barrier_init();
     }
 
     // After the key loop, by every consumer warp (`warp` 0.. over the consumer warp groups): returns

@@ -190,7 +190,13 @@ struct OnlineSoftmax {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
             const float sum = quad_sum(row_sum[r]);
+#if V5_DEV_RCP
+            float rcp;
+            asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(sum));
+            inv[r] = sum > 0.f ? rcp : 0.f;
+#else
             inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+#endif
         }
     }
 };
