@@ -185,18 +185,22 @@ struct OnlineSoftmax {
         }
     }
 
-    // 1 / (the row's whole sum); 0 for a row that met no key (a padding row past S).
+    // 1 / (the row's whole sum); 0 for a row that met no key (a padding row past S). kApprox: one
+    // MUFU.RCP (rcp.approx.ftz, within 1 ulp, far below O's 16-bit rounding) where the IEEE division
+    // is a range check, a branch and a called slow path; the split kernels take it (NOTES.md, runs
+    // 134-135), the others keep the division, whose key loops ptxas schedules differently with it.
+    template <bool kApprox>
     __device__ void inverse_sums(float (&inv)[kRows]) const {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
             const float sum = quad_sum(row_sum[r]);
-#if V5_DEV_RCP
-            float rcp;
-            asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(sum));
-            inv[r] = sum > 0.f ? rcp : 0.f;
-#else
-            inv[r] = sum > 0.f ? 1.f / sum : 0.f;
-#endif
+            if constexpr (kApprox) {
+                float rcp;
+                asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(sum));
+                inv[r] = sum > 0.f ? rcp : 0.f;
+            } else {
+                inv[r] = sum > 0.f ? 1.f / sum : 0.f;
+            }
         }
     }
 };

@@ -132,9 +132,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development only (run 134): the normalisation's 1 / sum as one MUFU.RCP (rcp.approx.ftz, 1 ulp)
-// instead of the IEEE division's range check, branch and slow path.
-#ifndef V5_DEV_RCP
-#define V5_DEV_RCP 0
-#endif
