@@ -321,7 +321,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         }
 
         float inv_sum[kRows];
-        softmax.template inverse_sums<Traits::kSplit>(inv_sum);
+        softmax.template inverse_sums<Traits::kSplit && Traits::kHeadDim == 64>(inv_sum);
         scale_rows(o_rc, inv_sum);
         if constexpr (Traits::kTmaEpilogue) {
             store_slab_tma<Traits>(tOrO, params, shared, tile, turn.group,

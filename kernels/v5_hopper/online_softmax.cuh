@@ -187,8 +187,9 @@ struct OnlineSoftmax {
 
     // 1 / (the row's whole sum); 0 for a row that met no key (a padding row past S). kApprox: one
     // MUFU.RCP (rcp.approx.ftz, within 1 ulp, far below O's 16-bit rounding) where the IEEE division
-    // is a range check, a branch and a called slow path; the split kernels take it (NOTES.md, runs
-    // 134-135), the others keep the division, whose key loops ptxas schedules differently with it.
+    // is a range check, a branch and a called slow path. The D=64 split kernels take it (-0.12 to
+    // -0.15 us a call, NOTES.md, run 134); the others keep the division: ptxas schedules their key
+    // loops differently with it, and neither the large suite nor the D=128 split was measured so.
     template <bool kApprox>
     __device__ void inverse_sums(float (&inv)[kRows]) const {
         CUTLASS_PRAGMA_UNROLL
