@@ -340,8 +340,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
 
 // Entry, thread 0: a K or V ring's barriers, as CUTLASS's PipelineTmaAsync::init_barriers sets them
 // for a cluster of one (a stage is full on the loading thread's arrival and its bytes, empty once
-// every consumer thread has released it), without its fence: that one ran in each of warp group
-// 0's 128 threads, once per ring, on the path to the CTA's first barrier (NOTES.md, run 134).
+// every consumer thread has released it). That function ran in all 128 threads of warp group 0,
+// each electing a thread and fencing, once per ring, before the CTA's first barrier; here the
+// thread that initialises the other barriers does it, under their one fence (NOTES.md, run 134).
 template <class Traits>
 __device__ void init_ring_barriers(typename Traits::Pipeline::SharedStorage& ring) {
     CUTLASS_PRAGMA_UNROLL
