@@ -28,12 +28,21 @@ __host__ __device__ __forceinline__ KeyShare key_share(int steps, int rank, int 
     return KeyShare{rank * steps / splits, (rank + 1) * steps / splits};
 }
 
+// The same shares for 2^shift splits, the division as a shift: a runtime division is about twenty
+// instructions on the path to a split CTA's first load (v5_hopper's NOTES.md, run 132).
+__host__ __device__ __forceinline__ KeyShare key_share_pow2(int steps, int rank, int shift) {
+    return KeyShare{(rank * steps) >> shift, ((rank + 1) * steps) >> shift};
+}
+
 #if EVO_SM90_HAS_CLUSTERS || !defined(__CUDA_ARCH__)
 __device__ __forceinline__ int cluster_rank() {
     uint32_t rank;
     asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(rank));
     return static_cast<int>(rank);
 }
+
+// log2 of a split count that is a power of two.
+__device__ __forceinline__ int split_shift(int splits) { return __ffs(splits) - 1; }
 
 // The cluster's index along the grid's x (blockIdx.x / the cluster's x size, with no division).
 __device__ __forceinline__ int cluster_id_x() {

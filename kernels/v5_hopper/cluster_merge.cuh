@@ -31,7 +31,7 @@ struct ClusterMerge {
 
     // splits is a power of two (cluster_splits halves from kMaxSplits): warp / splits and warp % splits
     // as a shift and a mask, no runtime division at entry or before the merge (NOTES.md, run 132).
-    __device__ int shift() const { return __ffs(splits) - 1; }
+    __device__ int shift() const { return evo_sm90::split_shift(splits); }
 
     __device__ uint32_t barrier(int owned) const { return cute::cast_smem_ptr_to_uint(&shared.receive_barrier[owned]); }
     __device__ int slot_offset(int owned, int src, int owner) const {

@@ -31,13 +31,9 @@ struct TileScheduler {
     template <class KeyTiles>
     __device__ evo_sm90::KeyShare key_span(KeyTiles const& keys) const {
         if constexpr (Traits::kSplit) {
-            // evo_sm90::key_share's shares, with its division by a power of two (cluster_splits
-            // halves from kMaxSplits) as a shift.
+            // Split counts are powers of two: cluster_splits halves from kMaxSplits.
             static_assert((Traits::kMaxSplits & (Traits::kMaxSplits - 1)) == 0, "split counts: powers of two");
-            const int steps = keys.end();
-            const int rank = evo_sm90::cluster_rank();
-            const int shift = __ffs(params.key_splits) - 1;
-            return {(rank * steps) >> shift, ((rank + 1) * steps) >> shift};
+            return evo_sm90::key_share_pow2(keys.end(), evo_sm90::cluster_rank(), evo_sm90::split_shift(params.key_splits));
         } else {
             return {0, keys.end()};
         }
