@@ -321,13 +321,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         }
 
         float inv_sum[kRows];
-        #if defined(V5_DEV_RCP_SCOPE) && V5_DEV_RCP_SCOPE == 2
-        softmax.template inverse_sums<true>(inv_sum);
-#elif defined(V5_DEV_RCP_SCOPE) && V5_DEV_RCP_SCOPE == 1
-        softmax.template inverse_sums<Traits::kSplit>(inv_sum);
-#else
-        softmax.template inverse_sums<Traits::kSplit && Traits::kHeadDim == 64>(inv_sum);
-#endif
+        softmax.inverse_sums(inv_sum);
         scale_rows(o_rc, inv_sum);
         if constexpr (Traits::kTmaEpilogue) {
             store_slab_tma<Traits>(tOrO, params, shared, tile, turn.group,

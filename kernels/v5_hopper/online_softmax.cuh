@@ -185,23 +185,17 @@ struct OnlineSoftmax {
         }
     }
 
-    // 1 / (the row's whole sum); 0 for a row that met no key (a padding row past S). kApprox: one
-    // MUFU.RCP (rcp.approx.ftz, within 1 ulp, far below O's 16-bit rounding) where the IEEE division
-    // is a range check, a branch and a called slow path. The D=64 split kernels take it (-0.12 to
-    // -0.15 us a call, NOTES.md, run 134); the others keep the division: ptxas schedules their key
-    // loops differently with it, and neither the large suite nor the D=128 split was measured so.
-    template <bool kApprox>
+    // 1 / (the row's whole sum); 0 for a row that met no key (a padding row past S). One MUFU.RCP
+    // (rcp.approx.ftz, within 1 ulp, far below O's 16-bit rounding) where the IEEE division is a
+    // range check, a branch and a called slow path on the tail every call waits for (NOTES.md,
+    // runs 134 and 136-137).
     __device__ void inverse_sums(float (&inv)[kRows]) const {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
             const float sum = quad_sum(row_sum[r]);
-            if constexpr (kApprox) {
-                float rcp;
-                asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(sum));
-                inv[r] = sum > 0.f ? rcp : 0.f;
-            } else {
-                inv[r] = sum > 0.f ? 1.f / sum : 0.f;
-            }
+            float rcp;
+            asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(sum));
+            inv[r] = sum > 0.f ? rcp : 0.f;
         }
     }
 };
