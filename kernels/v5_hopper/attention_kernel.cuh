@@ -168,6 +168,45 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
     if constexpr (kRings != Rings::kK) pipeline_v.producer_tail(write);
 }
 
+#if defined(V5_DEV_L2_PREFETCH) && V5_DEV_L2_PREFETCH
+// Development (NOTES.md, run 140): an idle producer warp asks L2 for this call's Q, K and V before
+// the PDL wait, each tile once per call: key tile n by the CTA of query tile n mod (query tiles)
+// among those whose share holds it, Q by rank 0 of its cluster. A prefetch moves nothing into the
+// CTA, and L2 is where every SM's stores land, so a line it brings in before the previous grid
+// writes it is updated in place.
+template <class Traits, bool kCausal>
+__device__ void prefetch_inputs(typename Traits::Params const& params) {
+    const int S = params.seq_len;
+    const TileScheduler<Traits, kCausal> scheduler{params};
+    const TileCoord tile = scheduler.coord(scheduler.first());
+    const auto shape_qk = make_shape(S, int(Traits::kHeadDim), params.heads, params.batch);
+    const auto shape_vt = make_shape(int(Traits::kHeadDim), S, params.heads, params.batch);
+    Tensor gK = local_tile(params.tma_k.get_tma_tensor(shape_qk)(_, _, tile.head, tile.batch),
+                           select<1, 2>(typename Traits::TileShapeQK{}), make_coord(_, _0{}));
+    Tensor gVt = local_tile(params.tma_v.get_tma_tensor(shape_vt)(_, _, tile.head, tile.batch),
+                            select<1, 2>(typename Traits::TileShapePV{}), make_coord(_0{}, _));
+    Tensor sK = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutVt{});
+    auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
+    const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
+    const evo_sm90::KeyShare span = scheduler.key_span(keys);
+    const int m_blocks = scheduler.m_blocks();
+    for (int n = span.end - 1; n >= span.begin; --n) {
+        if (n % m_blocks != tile.m_block) continue;
+        cute::prefetch(params.tma_k, tKg(_, n));
+        cute::prefetch(params.tma_v, tVg(_, n));
+    }
+    if (evo_sm90::cluster_rank() == 0) {
+        Tensor gQ = local_tile(params.tma_q.get_tma_tensor(shape_qk)(_, _, tile.head, tile.batch),
+                               select<0, 2>(typename Traits::TileShapeQK{}), make_coord(tile.m_block, _0{}));
+        Tensor sQ = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutQ{});
+        auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+        cute::prefetch(params.tma_q, tQg);
+    }
+}
+#endif
+
 // A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
 // a cluster of one, sends every release to block 0 of the cluster: in a split cluster that is
 // another CTA's ring, and this CTA's producer would wait for its stages forever (a hang on the
@@ -428,7 +467,13 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                                                                         pipeline_v, probe);
         } else if (warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
-        } else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
+        }
+#if defined(V5_DEV_L2_PREFETCH) && V5_DEV_L2_PREFETCH
+        else if (kPdlKernel<Traits> && warp_in_group == 3 && cute::elect_one_sync()) {
+            prefetch_inputs<Traits, kCausal>(params);
+        }
+#endif
+        else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
             Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
                                 Shape<_1, _1, _1>{}, cute::false_type{});
             Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(true, true, Traits::kTmaBytesV),
