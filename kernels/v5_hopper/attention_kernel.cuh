@@ -470,6 +470,9 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         }
 #if defined(V5_DEV_L2_PREFETCH) && V5_DEV_L2_PREFETCH
         else if (kPdlKernel<Traits> && warp_in_group == 3 && cute::elect_one_sync()) {
+#if V5_DEV_L2_PREFETCH == 2
+            if (evo_sm90::cluster_size() == Traits::kMaxSplits)
+#endif
             prefetch_inputs<Traits, kCausal>(params);
         }
 #endif
