@@ -51,6 +51,14 @@ __device__ __forceinline__ int cluster_id_x() {
     return static_cast<int>(id);
 }
 
+// The number of SM identifiers (%nsmid): at least the SM count, so a grid of no more CTAs leaves a
+// slot on every SM it uses for the next grid's CTAs.
+__device__ __forceinline__ unsigned sm_id_count() {
+    unsigned n;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(n));
+    return n;
+}
+
 __device__ __forceinline__ int cluster_size() {
     uint32_t size;
     asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));

@@ -472,6 +472,8 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         else if (kPdlKernel<Traits> && warp_in_group == 3 && cute::elect_one_sync()) {
 #if V5_DEV_L2_PREFETCH == 2
             if (evo_sm90::cluster_size() == Traits::kMaxSplits)
+#elif V5_DEV_L2_PREFETCH == 3
+            if (gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count())
 #endif
             prefetch_inputs<Traits, kCausal>(params);
         }
