@@ -169,7 +169,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
 }
 
 #if defined(V5_DEV_L2_PREFETCH) && V5_DEV_L2_PREFETCH
-// Development (NOTES.md, run 140): an idle producer warp asks L2 for this call's Q, K and V before
+// Development (NOTES.md, runs 140-142): an idle producer warp asks L2 for this call's Q, K and V before
 // the PDL wait, each tile once per call: key tile n by the CTA of query tile n mod (query tiles)
 // among those whose share holds it, Q by rank 0 of its cluster. A prefetch moves nothing into the
 // CTA, and L2 is where every SM's stores land, so a line it brings in before the previous grid
@@ -470,12 +470,10 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         }
 #if defined(V5_DEV_L2_PREFETCH) && V5_DEV_L2_PREFETCH
         else if (kPdlKernel<Traits> && warp_in_group == 3 && cute::elect_one_sync()) {
-#if V5_DEV_L2_PREFETCH == 2
-            if (evo_sm90::cluster_size() == Traits::kMaxSplits)
-#elif V5_DEV_L2_PREFETCH == 3
-            if (gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count())
-#endif
-            prefetch_inputs<Traits, kCausal>(params);
+            // Only where the next call's CTAs find a free slot on every SM this grid uses: with two
+            // of this grid's CTAs to an SM they enter as these leave, and the prefetch came late
+            // and cost (+0.06 us on 2,8,512,64, run 140).
+            if (gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count()) prefetch_inputs<Traits, kCausal>(params);
         }
 #endif
         else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
