@@ -99,6 +99,18 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
 // Which rings one loading thread fills: K and V key tile by key tile, or one of the two (kv_producers).
 enum class Rings { kBoth, kK, kV };
 
+// A query tile's head of K and V^T as TMA coordinate tensors tiled by key tile: (N, D, key tiles)
+// and (D, N, key tiles).
+template <class Traits>
+__device__ auto key_value_tiles(typename Traits::Params const& params, TileCoord const& tile) {
+    const int S = params.seq_len;
+    Tensor mK = params.tma_k.get_tma_tensor(make_shape(S, int(Traits::kHeadDim), params.heads, params.batch));
+    Tensor mVt = params.tma_v.get_tma_tensor(make_shape(int(Traits::kHeadDim), S, params.heads, params.batch));
+    return cute::make_tuple(
+        local_tile(mK(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapeQK{}), make_coord(_, _0{})),
+        local_tile(mVt(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapePV{}), make_coord(_0{}, _)));
+}
+
 // The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings. With
 // Traits::kSeparateV it fills the K ring alone and a thread of warp 2 the V ring, so a K load never
 // waits behind the release of a V stage, which comes a step later.
@@ -108,10 +120,6 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                            trace::Probe probe) {
     probe.mark(trace::kProducerStart);
     const int S = params.seq_len;
-    const auto shape_qk = make_shape(S, int(Traits::kHeadDim), params.heads, params.batch);
-    const auto shape_vt = make_shape(int(Traits::kHeadDim), S, params.heads, params.batch);
-    Tensor mK = params.tma_k.get_tma_tensor(shape_qk);
-    Tensor mVt = params.tma_v.get_tma_tensor(shape_vt);
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
 
@@ -120,10 +128,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
     bool first_load = true;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t)) {
         const TileCoord tile = scheduler.coord(t);
-        Tensor gK = local_tile(mK(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapeQK{}),
-                               make_coord(_, _0{}));   // (N, D, key tiles)
-        Tensor gVt = local_tile(mVt(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapePV{}),
-                                make_coord(_0{}, _));  // (D, N, key tiles)
+        auto [gK, gVt] = key_value_tiles<Traits>(params, tile);
         auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
         auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
 
@@ -179,12 +184,7 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
     const int S = params.seq_len;
     const TileScheduler<Traits, kCausal> scheduler{params};
     const TileCoord tile = scheduler.coord(scheduler.first());
-    const auto shape_qk = make_shape(S, int(Traits::kHeadDim), params.heads, params.batch);
-    const auto shape_vt = make_shape(int(Traits::kHeadDim), S, params.heads, params.batch);
-    Tensor gK = local_tile(params.tma_k.get_tma_tensor(shape_qk)(_, _, tile.head, tile.batch),
-                           select<1, 2>(typename Traits::TileShapeQK{}), make_coord(_, _0{}));
-    Tensor gVt = local_tile(params.tma_v.get_tma_tensor(shape_vt)(_, _, tile.head, tile.batch),
-                            select<1, 2>(typename Traits::TileShapePV{}), make_coord(_0{}, _));
+    auto [gK, gVt] = key_value_tiles<Traits>(params, tile);
     Tensor sK = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutVt{});
     auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
@@ -198,6 +198,7 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
         cute::prefetch(params.tma_v, tVg(_, n));
     }
     if (evo_sm90::cluster_rank() == 0) {
+        const auto shape_qk = make_shape(S, int(Traits::kHeadDim), params.heads, params.batch);
         Tensor gQ = local_tile(params.tma_q.get_tma_tensor(shape_qk)(_, _, tile.head, tile.batch),
                                select<0, 2>(typename Traits::TileShapeQK{}), make_coord(tile.m_block, _0{}));
         Tensor sQ = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutQ{});
