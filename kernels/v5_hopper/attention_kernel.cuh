@@ -99,8 +99,8 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
 // Which rings one loading thread fills: K and V key tile by key tile, or one of the two (kv_producers).
 enum class Rings { kBoth, kK, kV };
 
-// A query tile's head of K and V^T as TMA coordinate tensors tiled by key tile: (N, D, key tiles)
-// and (D, N, key tiles).
+// K and V^T of the tile's head as TMA coordinate tensors, tiled by key tile: (N, D, key tiles) and
+// (D, N, key tiles).
 template <class Traits>
 __device__ auto key_value_tiles(typename Traits::Params const& params, TileCoord const& tile) {
     const int S = params.seq_len;
