@@ -69,6 +69,14 @@ struct IssueTurn {
 template <class Traits>
 constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
 
+// The tile's Q as a TMA coordinate tensor: (M, D).
+template <class Traits>
+__device__ auto query_tile(typename Traits::Params const& params, TileCoord const& tile) {
+    Tensor mQ = params.tma_q.get_tma_tensor(make_shape(params.seq_len, int(Traits::kHeadDim), params.heads, params.batch));
+    return local_tile(mQ(_, _, tile.head, tile.batch), select<0, 2>(typename Traits::TileShapeQK{}),
+                      make_coord(tile.m_block, _0{}));
+}
+
 // The Q thread (warp 1 of the producer group): loads each query tile's Q into buffer
 // tile_count % kQBuffers once the consumers have released that buffer's previous tile. With two
 // buffers that is the tile before the current one, so the next Q lands while this tile runs.
@@ -77,15 +85,12 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
                           trace::Probe probe) {
     using BarrierQ = typename Traits::BarrierQ;
     using BarrierQEmpty = typename Traits::BarrierQEmpty;
-    const auto shape_qk = make_shape(params.seq_len, int(Traits::kHeadDim), params.heads, params.batch);
-    Tensor mQ = params.tma_q.get_tma_tensor(shape_qk);
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});   // (M, D, buffers)
     const TileScheduler<Traits, kCausal> scheduler{params};
     int tile_count = 0;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
-        Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), select<0, 2>(typename Traits::TileShapeQK{}),
-                               make_coord(tile.m_block, _0{}));
+        Tensor gQ = query_tile<Traits>(params, tile);
         auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
         const auto [buffer, use] = Traits::q_slot(tile_count);
         if (use > 0) BarrierQEmpty::wait(&shared.barrier_q_empty[buffer], (use - 1) & 1);
@@ -198,9 +203,7 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
         cute::prefetch(params.tma_v, tVg(_, n));
     }
     if (evo_sm90::cluster_rank() == 0) {
-        const auto shape_qk = make_shape(S, int(Traits::kHeadDim), params.heads, params.batch);
-        Tensor gQ = local_tile(params.tma_q.get_tma_tensor(shape_qk)(_, _, tile.head, tile.batch),
-                               select<0, 2>(typename Traits::TileShapeQK{}), make_coord(tile.m_block, _0{}));
+        Tensor gQ = query_tile<Traits>(params, tile);
         Tensor sQ = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutQ{});
         auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
         cute::prefetch(params.tma_q, tQg);
