@@ -51,8 +51,9 @@ __device__ __forceinline__ int cluster_id_x() {
     return static_cast<int>(id);
 }
 
-// The number of SM identifiers (%nsmid): at least the SM count, so a grid of no more CTAs leaves a
-// slot on every SM it uses for the next grid's CTAs.
+// The number of SM identifiers (%nsmid), read from the launch's constant bank. PTX lets it exceed the
+// SM count (identifiers need not be contiguous), so a grid of at most this many CTAs has, on most
+// SMs, one of them: a bound for a heuristic, not for correctness.
 __device__ __forceinline__ unsigned sm_id_count() {
     unsigned n;
     asm("mov.u32 %0, %%nsmid;" : "=r"(n));

@@ -178,12 +178,12 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
     if constexpr (kRings != Rings::kK) pipeline_v.producer_tail(write);
 }
 
-#if defined(V5_DEV_L2_PREFETCH) && V5_DEV_L2_PREFETCH
-// Development (NOTES.md, runs 140-142): an idle producer warp asks L2 for this call's Q, K and V before
-// the PDL wait, each tile once per call: key tile n by the CTA of query tile n mod (query tiles)
-// among those whose share holds it, Q by rank 0 of its cluster. A prefetch moves nothing into the
-// CTA, and L2 is where every SM's stores land, so a line it brings in before the previous grid
-// writes it is updated in place.
+// An idle producer warp asks L2 for this call's Q, K and V before the PDL wait, so DRAM's latency
+// passes while the previous grid finishes (NOTES.md, runs 140-142: -0.17 us on 1,8,512,64). Each tile
+// is asked for once per call: key tile n by the CTA of query tile n mod (query tiles) among those
+// whose share holds it, Q by rank 0 of its cluster. A prefetch moves nothing into the CTA, and L2 is
+// where every SM's stores land, so a line it brings in before the previous grid writes it is updated
+// in place.
 template <class Traits, bool kCausal>
 __device__ void prefetch_inputs(typename Traits::Params const& params) {
     const int S = params.seq_len;
@@ -209,7 +209,6 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
         cute::prefetch(params.tma_q, tQg);
     }
 }
-#endif
 
 // A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
 // a cluster of one, sends every release to block 0 of the cluster: in a split cluster that is
@@ -472,14 +471,12 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         } else if (warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
         }
-#if defined(V5_DEV_L2_PREFETCH) && V5_DEV_L2_PREFETCH
         else if (kPdlKernel<Traits> && warp_in_group == 3 && cute::elect_one_sync()) {
             // Only where the next call's CTAs find a free slot on every SM this grid uses: with two
             // of this grid's CTAs to an SM they enter as these leave, and the prefetch came late
             // and cost (+0.06 us on 2,8,512,64, run 140).
             if (gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count()) prefetch_inputs<Traits, kCausal>(params);
         }
-#endif
         else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
             Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
                                 Shape<_1, _1, _1>{}, cute::false_type{});
