@@ -69,18 +69,6 @@ struct IssueTurn {
 template <class Traits>
 constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
 
-// V5_DEV_DELAY_AT (tunables.cuh): a busy wait at place `where` of a split kernel; nothing otherwise.
-template <class Traits>
-__device__ __forceinline__ void dev_delay(int where) {
-#if V5_DEV_DELAY_AT
-    if (Traits::kSplit && where == V5_DEV_DELAY_AT) {
-        const long long start = clock64();
-        while (clock64() - start < V5_DEV_DELAY_CYCLES) {
-        }
-    }
-#endif
-}
-
 // The tile's Q as a TMA coordinate tensor: (M, D).
 template <class Traits>
 __device__ auto query_tile(typename Traits::Params const& params, TileCoord const& tile) {
@@ -107,7 +95,6 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
         const auto [buffer, use] = Traits::q_slot(tile_count);
         if (use > 0) BarrierQEmpty::wait(&shared.barrier_q_empty[buffer], (use - 1) & 1);
         BarrierQ::arrive_and_expect_tx(&shared.barrier_q[buffer], Traits::kTmaBytesQ);
-        if (tile_count == 0) dev_delay<Traits>(1);
         if (kPdlKernel<Traits> && tile_count == 0) evo_sm90::wait_for_previous_grid();
         copy(params.tma_q.with(shared.barrier_q[buffer]), tQg, tQs(_, buffer));
         if (tile_count == 0) probe.mark(trace::kQIssued);
@@ -169,7 +156,6 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                 pipeline_k.producer_acquire(write);
                 if (first_load) {
                     probe.mark(trace::kKAcquired);
-                    dev_delay<Traits>(1);
                     if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
                     probe.mark(trace::kPastWait);
                 }
@@ -303,7 +289,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
-        if (tile_count == 0) dev_delay<Traits>(3);
         turn.wait();
         warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
         turn.pass();
@@ -375,7 +360,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32);
             if (tile_count == 0) probe.mark(trace::kMerged);
             if (!owner) return;
-            dev_delay<Traits>(2);
         }
 
         float inv_sum[kRows];

@@ -124,17 +124,6 @@
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
 #endif
 
-// Development macros, not tunables (runs 120 and 145; off unless the build passes them): a busy wait
-// of V5_DEV_DELAY_CYCLES in one place of the split kernel, to see whether that place is on a call's
-// critical path in a build without probes: 1 the loading threads before the PDL wait, 2 the owner
-// before its normalisation and store, 3 the consumers once their first key tile has landed.
-#ifndef V5_DEV_DELAY_AT
-#define V5_DEV_DELAY_AT 0
-#endif
-#ifndef V5_DEV_DELAY_CYCLES
-#define V5_DEV_DELAY_CYCLES 0
-#endif
-
 // CuTe's wgmma atoms for N = 176 come only with CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED, whose
 // headers cost about 14 s of front end in every translation unit (the includes alone: 19.5 s with
 // it, 5.8 s without; NOTES.md, "Build time"): defined for the 176-key build only. It must come
