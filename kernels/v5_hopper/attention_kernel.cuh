@@ -14,7 +14,9 @@
 // With key_split, a small non-causal grid runs clusters of 2 or 4 CTAs per query tile, each over
 // a share of its key tiles, merged in the owner of each warp's rows (cluster_merge.cuh); with
 // split_block_m 64 those CTAs hold one consumer warp group, two to an SM (three where
-// split_ctas_per_sm allows).
+// split_ctas_per_sm allows). Those kernels launch with programmatic dependent launch; where the
+// grid leaves a slot on every SM, a thread of producer warp 3 asks L2 for the call's tiles before
+// the wait (prefetch_inputs).
 //
 // Key tiles are visited from the last (the masked ones) down to the first. With a persistent
 // grid a CTA runs several query tiles: the rings' states, the barriers and the issue rotation
@@ -65,7 +67,8 @@ struct IssueTurn {
 // Only the two loading threads wait for the previous grid, each just before its first load: what
 // comes before (setmaxnreg, the pipelines, the tile's coordinates) reads nothing the previous grid
 // writes, and runs while it finishes; the consumers touch global memory only through what those
-// loads bring (NOTES.md, runs 31-32).
+// loads bring (NOTES.md, runs 31-32). The prefetch (prefetch_inputs) does not wait: it only asks L2
+// for lines, which the previous grid's stores then update there.
 template <class Traits>
 constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
 
@@ -470,14 +473,12 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                                                                         pipeline_v, probe);
         } else if (warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
-        }
-        else if (kPdlKernel<Traits> && warp_in_group == 3 && cute::elect_one_sync()) {
+        } else if (kPdlKernel<Traits> && warp_in_group == 3 && cute::elect_one_sync()) {
             // Only where the next call's CTAs find a free slot on every SM this grid uses: with two
             // of this grid's CTAs to an SM they enter as these leave, and the prefetch came late
             // and cost (+0.06 us on 2,8,512,64, run 140).
             if (gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count()) prefetch_inputs<Traits, kCausal>(params);
-        }
-        else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
+        } else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
             Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
                                 Shape<_1, _1, _1>{}, cute::false_type{});
             Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(true, true, Traits::kTmaBytesV),
