@@ -474,10 +474,13 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         } else if (warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
         } else if (kPdlKernel<Traits> && warp_in_group == 3 && cute::elect_one_sync()) {
-            // Only where the next call's CTAs find a free slot on every SM this grid uses: with two
-            // of this grid's CTAs to an SM they enter as these leave, and the prefetch came late
-            // and cost (+0.06 us on 2,8,512,64, run 140).
-            if (gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count()) prefetch_inputs<Traits, kCausal>(params);
+            // Only where the next call's CTAs find a free slot on every SM this grid uses: where this
+            // grid fills an SM's slots they enter as these leave, and the prefetch came late and cost
+            // (+0.06 us on 2,8,512,64, run 140).
+            constexpr unsigned kFreeSlots = Traits::kMinBlocksPerSm - 1;
+            if (gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots) {
+                prefetch_inputs<Traits, kCausal>(params);
+            }
         } else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
             Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
                                 Shape<_1, _1, _1>{}, cute::false_type{});
