@@ -72,6 +72,35 @@ struct IssueTurn {
 template <class Traits>
 constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
 
+// Development (V5_DEV_FETCH_PROBE, off): 512 independent FADDs in a split kernel's owner warps
+// before their normalisation, as straight-line code (1) or as a loop of 64 run 8 times (2). Both
+// issue the same adds; the difference is what fetching 512 instructions not yet in the warp's
+// instruction cache costs on the call's path.
+#ifndef V5_DEV_FETCH_PROBE
+#define V5_DEV_FETCH_PROBE 0
+#endif
+template <class Traits, class AccRowCol>
+__device__ __forceinline__ void dev_fetch_probe(AccRowCol& o) {
+#if V5_DEV_FETCH_PROBE
+    if constexpr (Traits::kSplit) {
+        float a[8];
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 8; ++j) a[j] = o.data()[j];
+        constexpr int kPasses = V5_DEV_FETCH_PROBE == 1 ? 1 : 8;
+#pragma unroll 1
+        for (int pass = 0; pass < kPasses; ++pass) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < 512 / kPasses / 8; ++i) {
+                CUTLASS_PRAGMA_UNROLL
+                for (int j = 0; j < 8; ++j) asm volatile("add.f32 %0, %0, 0f3F800000;" : "+f"(a[j]));
+            }
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < 8; ++j) o.data()[j] = fmaf(a[j], 0.f, o.data()[j]);
+    }
+#endif
+}
+
 // The tile's Q as a TMA coordinate tensor: (M, D).
 template <class Traits>
 __device__ auto query_tile(typename Traits::Params const& params, TileCoord const& tile) {
@@ -489,6 +518,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32);
             if (tile_count == 0) probe.mark(trace::kMerged);
             if (!owner) return;
+            dev_fetch_probe<Traits>(o_rc);
         }
 
         float inv_sum[kRows];
