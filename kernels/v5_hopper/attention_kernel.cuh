@@ -72,35 +72,6 @@ struct IssueTurn {
 template <class Traits>
 constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
 
-// Development (V5_DEV_FETCH_PROBE, off): 512 independent FADDs in a split kernel's owner warps
-// before their normalisation, as straight-line code (1) or as a loop of 64 run 8 times (2). Both
-// issue the same adds; the difference is what fetching 512 instructions not yet in the warp's
-// instruction cache costs on the call's path.
-#ifndef V5_DEV_FETCH_PROBE
-#define V5_DEV_FETCH_PROBE 0
-#endif
-template <class Traits, class AccRowCol>
-__device__ __forceinline__ void dev_fetch_probe(AccRowCol& o) {
-#if V5_DEV_FETCH_PROBE
-    if constexpr (Traits::kSplit) {
-        float a[8];
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < 8; ++j) a[j] = o.data()[j];
-        constexpr int kPasses = V5_DEV_FETCH_PROBE == 1 ? 1 : 8;
-#pragma unroll 1
-        for (int pass = 0; pass < kPasses; ++pass) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < 512 / kPasses / 8; ++i) {
-                CUTLASS_PRAGMA_UNROLL
-                for (int j = 0; j < 8; ++j) asm volatile("add.f32 %0, %0, 0f3F800000;" : "+f"(a[j]));
-            }
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < 8; ++j) o.data()[j] = fmaf(a[j], 0.f, o.data()[j]);
-    }
-#endif
-}
-
 // The tile's Q as a TMA coordinate tensor: (M, D).
 template <class Traits>
 __device__ auto query_tile(typename Traits::Params const& params, TileCoord const& tile) {
@@ -264,125 +235,6 @@ __device__ __forceinline__ void end_block_after(float last) {
     if (__float_as_uint(last) == 0xffffffffu) __nanosleep(1);
 }
 
-// Development (V5_DEV_SPLIT_LOOKAHEAD, off): a D=64 split CTA issues tile n-1's Q K^T before tile n's
-// softmax, beside tile n+1's P V, into a second S fragment, so no later step waits for its own Q K^T.
-// Run 44 measured it on the H100 when the first loads came from DRAM after the wait and a third stage
-// was needed for it; the ring now holds the whole share and the prefetch puts it in L2.
-#ifndef V5_DEV_SPLIT_LOOKAHEAD
-#define V5_DEV_SPLIT_LOOKAHEAD 0
-#endif
-template <class Traits>
-constexpr bool kSplitLookahead = Traits::kSplit && Traits::kHeadDim == 64 && V5_DEV_SPLIT_LOOKAHEAD > 0;
-
-// The key loop of such a CTA, its last P V included. S alternates between two fragments; the steps
-// are unrolled in pairs so that every path into the loop's head has exactly tile n's Q K^T pending
-// and every exit none (ptxas serialises wgmma where paths join with different groups pending, run 44).
-template <class Traits, class Keys, class Softmax, class Scale, class FragQ, class FragK, class FragV, class AccS,
-          class AccP, class AccO, class MmaQK, class MmaPV, class CoordRC>
-__device__ void split_key_loop_lookahead(Keys const& keys, evo_sm90::KeyShare const& span, Softmax& softmax,
-                                         Scale& o_scale, FragQ const& tSrQ, FragK const& tSrK, FragV const& tOrV,
-                                         AccS& s_a, AccP& tSrP, AccO& tOrO, MmaQK& mma_qk, MmaPV& mma_pv,
-                                         CoordRC const& coord_rc, typename Traits::Pipeline& pipeline_k,
-                                         typename Traits::Pipeline& pipeline_v, typename Traits::SharedStorage& shared,
-                                         typename Traits::PipelineState& read_k, trace::Probe probe) {
-    using Element = typename Traits::Element;
-    static_assert(Traits::kConsumerWarpGroups == 1, "one consumer warp group: no issue turns");
-    AccS s_b = make_fragment_like(s_a);
-    Tensor o_rc = rowcol_view(tOrO);
-    Tensor p_rc = rowcol_view(tSrP);
-    Tensor tOrP = make_tensor<Element>(a_operand_layout(s_a.layout()));   // P of the latest tile
-    auto read_v = read_k;
-    auto next_k = read_k;
-    ++next_k;
-    const int first = span.end - 1;
-    const bool several = first > span.begin;
-
-    // The first key tile's softmax on s_a, its S landed; the next grid may start launching after it.
-    auto first_softmax = [&]() {
-        warpgroup_fence_operand(s_a);
-        probe.mark(trace::kFirstS);
-        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-        Tensor s_rc = rowcol_view(s_a);
-        if (keys.needs_mask(first)) keys.apply(s_rc, coord_rc, first);
-        softmax.template update<true>(s_rc, o_scale);
-        probe.mark(trace::kFirstSoftmax);
-        if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
-        tOrP = convert_to_a_operand<Element>(s_a);
-        read_v = read_k;
-        read_k = next_k;
-        ++next_k;
-    };
-
-    // Tile n, whose Q K^T is in flight in s_cur: tile n+1's P V and (kAhead) tile n-1's Q K^T into
-    // s_next, then tile n's softmax under both. P V goes first so that a late K delays only the
-    // look-ahead.
-    auto step = [&](auto ahead_tag, AccS& s_cur, AccS& s_next, int n) {
-        constexpr bool kAhead = decltype(ahead_tag)::value;
-        pipeline_v.consumer_wait(read_v);
-        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-        if constexpr (kAhead) {
-            pipeline_k.consumer_wait(next_k);
-            warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, next_k.index()), s_next);
-        }
-        warpgroup_wait<kAhead ? 2 : 1>();   // tile n's S has landed (the oldest pending group)
-        warpgroup_fence_operand(s_cur);
-        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-        Tensor s_rc = rowcol_view(s_cur);
-        if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-        bool rescaled;
-        if constexpr (Traits::kOptimisticMax) {
-            rescaled = softmax.update_optimistic(s_rc, p_rc, o_scale);
-        } else {
-            rescaled = softmax.template update<false>(s_rc, o_scale);
-        }
-        warpgroup_wait<kAhead ? 1 : 0>();   // P V done; tile n-1's Q K^T may still run
-        warpgroup_fence_operand(tOrO);
-        release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-        if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
-        if constexpr (Traits::kOptimisticMax) {
-            tOrP = convert_to_a_operand<Element>(tSrP);
-        } else {
-            tOrP = convert_to_a_operand<Element>(s_cur);
-        }
-        read_v = read_k;
-        read_k = next_k;
-        ++next_k;
-    };
-    pipeline_k.consumer_wait(read_k);
-    probe.mark(trace::kFirstKReady);
-    warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), s_a);
-    if (!several) {
-        warpgroup_wait<0>();
-        first_softmax();
-    } else {
-        // Tile first-1's Q K^T is issued once its K is there, under tile first's own; the loop's
-        // head then has it pending, as every pass through the loop leaves it.
-        pipeline_k.consumer_wait(next_k);
-        warpgroup_gemm<true>(mma_qk, tSrQ, tSrK(_, _, _, next_k.index()), s_b);
-        warpgroup_wait<1>();
-        first_softmax();
-        for (int n = first - 1;; n -= 2) {
-            if (n == span.begin) {
-                step(cute::false_type{}, s_b, s_a, n);
-                break;
-            }
-            step(cute::true_type{}, s_b, s_a, n);
-            if (n - 1 == span.begin) {
-                step(cute::false_type{}, s_a, s_b, n - 1);
-                break;
-            }
-            step(cute::true_type{}, s_a, s_b, n - 1);
-        }
-    }
-    // Last P V.
-    pipeline_v.consumer_wait(read_v);
-    warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(tOrO);
-    probe.mark(trace::kLastPv);
-    release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-}
-
 template <class Traits, bool kCausal>
 __device__ void consume(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
@@ -436,79 +288,72 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (tile_count == 0) probe.mark(trace::kQReady);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
-        if constexpr (kSplitLookahead<Traits>) {
-            split_key_loop_lookahead<Traits>(keys, span, softmax, o_scale, tSrQ_tile, tSrK, tOrV, tSrS, tSrP, tOrO,
-                                             mma_qk, mma_pv, coord_rc, pipeline_k, pipeline_v, shared, read_k,
-                                             tile_count == 0 ? probe : trace::Probe{});
-            BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
-        } else {
-            int n = span.end - 1;
-            // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
+        int n = span.end - 1;
+        // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
+        pipeline_k.consumer_wait(read_k);
+        if (tile_count == 0) probe.mark(trace::kFirstKReady);
+        turn.wait();
+        warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
+        turn.pass();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
+        if (tile_count == 0) probe.mark(trace::kFirstS);
+        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+        if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+        softmax.template update<true>(s_rc, o_scale);
+        if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
+        // At D=64 the next grid may start launching after the first softmax: there its CTAs' prologue,
+        // not the previous grid's completion, gated the first load (0.08-0.17 us a call on the H200;
+        // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
+        // measured 0.05 us slower (NOTES.md, runs 120-121). The first invocation in a CTA counts.
+        if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
+        Tensor tOrP = convert_to_a_operand<Element>(tSrS);
+        auto read_v = read_k;
+        ++read_k;
+
+        for (--n; n >= span.begin; --n) {
             pipeline_k.consumer_wait(read_k);
-            if (tile_count == 0) probe.mark(trace::kFirstKReady);
-            turn.wait();
-            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
-            turn.pass();
-            warpgroup_wait<0>();
-            warpgroup_fence_operand(tSrS);
-            if (tile_count == 0) probe.mark(trace::kFirstS);
-            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-            softmax.template update<true>(s_rc, o_scale);
-            if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
-            // At D=64 the next grid may start launching after the first softmax: there its CTAs' prologue,
-            // not the previous grid's completion, gated the first load (0.08-0.17 us a call on the H200;
-            // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
-            // measured 0.05 us slower (NOTES.md, runs 120-121). The first invocation in a CTA counts.
-            if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
-            Tensor tOrP = convert_to_a_operand<Element>(tSrS);
-            auto read_v = read_k;
-            ++read_k;
-
-            for (--n; n >= span.begin; --n) {
-                pipeline_k.consumer_wait(read_k);
-                pipeline_v.consumer_wait(read_v);
-                turn.wait();
-                warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
-                warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-                turn.pass();
-                warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
-                warpgroup_fence_operand(tSrS);
-                release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-                if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-                bool rescaled;
-                if constexpr (Traits::kOptimisticMax) {
-                    rescaled = softmax.update_optimistic(s_rc, p_rc, o_scale);
-                } else {
-                    rescaled = softmax.template update<false>(s_rc, o_scale);
-                }
-                if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
-                warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
-                warpgroup_fence_operand(tOrO);
-                release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-                // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
-                if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
-                if constexpr (Traits::kOptimisticMax) {
-                    tOrP = convert_to_a_operand<Element>(tSrP);
-                } else {
-                    tOrP = convert_to_a_operand<Element>(tSrS);
-                }
-                read_v = read_k;
-                ++read_k;
-            }
-            // Every Q K^T of this query tile has completed: the producer may load the next Q.
-            BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
-
-            // Last P V.
             pipeline_v.consumer_wait(read_v);
             turn.wait();
+            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-            if (!turn.is_last()) turn.pass();
-            warpgroup_wait<0>();
+            turn.pass();
+            warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
+            warpgroup_fence_operand(tSrS);
+            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+            bool rescaled;
+            if constexpr (Traits::kOptimisticMax) {
+                rescaled = softmax.template update_optimistic<Traits::kSplit>(s_rc, p_rc, o_scale);
+            } else {
+                rescaled = softmax.template update<false>(s_rc, o_scale);
+            }
+            if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
+            warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
-            if (tile_count == 0) probe.mark(trace::kLastPv);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
+            // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
+            if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
+            if constexpr (Traits::kOptimisticMax) {
+                tOrP = convert_to_a_operand<Element>(tSrP);
+            } else {
+                tOrP = convert_to_a_operand<Element>(tSrS);
+            }
+            read_v = read_k;
+            ++read_k;
         }
+        // Every Q K^T of this query tile has completed: the producer may load the next Q.
+        BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
+
+        // Last P V.
+        pipeline_v.consumer_wait(read_v);
+        turn.wait();
+        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+        if (!turn.is_last()) turn.pass();
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
+        if (tile_count == 0) probe.mark(trace::kLastPv);
+        release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
         if constexpr (Traits::kSplit) {
             // The next grid may start launching once every CTA has passed its key loop (at D=64 it
             // was let in after the first softmax, above; at entry, its CTAs would wait on SMs this
@@ -518,7 +363,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32);
             if (tile_count == 0) probe.mark(trace::kMerged);
             if (!owner) return;
-            dev_fetch_probe<Traits>(o_rc);
         }
 
         float inv_sum[kRows];
