@@ -324,7 +324,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
             bool rescaled;
             if constexpr (Traits::kOptimisticMax) {
-                rescaled = softmax.template update_optimistic<Traits::kSplit>(s_rc, p_rc, o_scale);
+                rescaled = softmax.update_optimistic(s_rc, p_rc, o_scale);
             } else {
                 rescaled = softmax.template update<false>(s_rc, o_scale);
             }

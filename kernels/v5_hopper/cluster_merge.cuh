@@ -40,15 +40,9 @@ struct ClusterMerge {
 
     // Entry, thread 0: one receive barrier per owned warp, expecting S - 1 states (the caller
     // fences the initialisations).
-    // Unrolled over the most warps a rank can own, each predicated: a loop over the runtime count
-    // was some 120 instructions (ptxas unrolled it by four with a remainder) on thread 0's path to
-    // the CTA's first barrier, which every warp waits for.
     __device__ void init_barriers() const {
-        CUTLASS_PRAGMA_UNROLL
-        for (int owned = 0; owned < Traits::kMostOwnedWarps; ++owned) {
-            if (owned < Traits::kConsumerWarps >> shift()) {
-                evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * Traits::kWarpStateBytes));
-            }
+        for (int owned = 0; owned < Traits::kConsumerWarps >> shift(); ++owned) {
+            evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * Traits::kWarpStateBytes));
         }
     }
 

@@ -83,28 +83,17 @@ struct OnlineSoftmax {
     // exact path for that row from the scores, still intact, and moves to the tile's maximum. Both
     // paths write the probabilities to p, a fragment of their own: written back into the scores'
     // fragment (the next Q K^T's accumulator), they cost 64 moves a step.
-    // kRowsFirst: every row's exponentials before the first vote. A vote ends a basic block, so a
-    // row's MUFU run behind it cannot overlap the row before's adds, compare and vote; with one warp
-    // a sub-partition (a split CTA) nothing else fills that gap. Where two groups share the
-    // sub-partitions, the scores of both rows held through both runs spilled (D=128, 232 registers).
-    template <bool kRowsFirst, class ScoresRowCol, class ProbsRowCol>
+    template <class ScoresRowCol, class ProbsRowCol>
     __device__ bool update_optimistic(ScoresRowCol const& s, ProbsRowCol& p, float (&o_scale)[kRows]) {
         static_assert(kLazy, "the optimistic update keeps maxima as lazy rescaling does");
         bool rescaled = false;
-        float tile_sum[kRows];
-        const auto exponentiate = [&](int r) {
-            tile_sum[r] = exponentiate_row(s, r, scaled_max(row_max[r]), [&](int c) -> float& { return p(r, c); });
-        };
-        if constexpr (kRowsFirst) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < kRows; ++r) exponentiate(r);
-        }
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
-            if constexpr (!kRowsFirst) exponentiate(r);
-            if (__all_sync(0xffffffff, tile_sum[r] <= kOptimisticSumLimit)) {
+            const float tile_sum =
+                exponentiate_row(s, r, scaled_max(row_max[r]), [&](int c) -> float& { return p(r, c); });
+            if (__all_sync(0xffffffff, tile_sum <= kOptimisticSumLimit)) {
                 o_scale[r] = 1.f;
-                row_sum[r] += tile_sum[r];
+                row_sum[r] += tile_sum;
             } else {
                 update_row<false, false>(s, r, o_scale, rescaled, [&](int c) -> float& { return p(r, c); });
                 rescaled = true;
