@@ -376,17 +376,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             const int row0 = tile.m_block * Traits::kBlockM;
             Element* o_tile =
                 params.o + ((int64_t(tile.batch) * params.heads + tile.head) * params.seq_len + row0) * Traits::kHeadDim;
-            if constexpr (Traits::kSplit) {
-                // Q's buffer is free: a split CTA has one query tile, and every Q K^T of it has completed.
-                static_assert(Traits::kQBuffers == 1 && sizeof(shared.q) >= Traits::kBlockM * Traits::kHeadDim * sizeof(Element),
-                              "a split owner warp stages its rows in Q's buffer");
-                const int warp = consumer_thread / 32;
-                char* stage = reinterpret_cast<char*>(shared.q.data()) + warp * 16 * Traits::kHeadDim * sizeof(Element);
-                store_warp_rows_staged<Traits::kHeadDim>(o_rc, coord_o, o_tile, params.seq_len - row0, stage,
-                                                         consumer_thread % 32);
-            } else {
-                store_rows<Traits::kHeadDim>(o_rc, coord_o, o_tile, params.seq_len - row0);
-            }
+            store_rows<Traits::kHeadDim>(o_rc, coord_o, o_tile, params.seq_len - row0);
         }
         if (tile_count == 0) probe.mark(trace::kStoreIssued);
     }

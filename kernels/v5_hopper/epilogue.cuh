@@ -1,12 +1,10 @@
-// Writes a consumer warp group's normalised O rows, only rows that exist (row < S), one of three
-// ways (tunable tma_epilogue, and the split kernels' own):
+// Writes a consumer warp group's normalised O rows, only rows that exist (row < S), one of two
+// ways (tunable tma_epilogue):
 //   store_rows: straight from registers, two neighbouring columns per 4-byte store, so each
 //     warp store fills half of every 32-byte sector it touches;
 //   store_slab_tma: the warp group's 64-row slab to shared memory with stmatrix, then one TMA
 //     store issued by one thread, which the warp group does not wait for: the next tile's work
-//     overlaps it, and only the next epilogue waits until the copy has read the slab;
-//   store_warp_rows_staged (split kernels): one warp's 16 rows through shared memory it has to
-//     itself, then 16 bytes a lane, whole rows per warp store.
+//     overlaps it, and only the next epilogue waits until the copy has read the slab.
 #pragma once
 
 #include "tunables.cuh"  // first: it decides CuTe's wgmma shapes
@@ -40,49 +38,6 @@ __device__ void store_rows(AccRowCol const& o, CoordRowCol const& coord, Element
             pair[1] = o(r, c + 1);
             *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + (get<1>(coord(r, c)) - get<1>(coord(r, 0)))) =
                 convert(pair);
-        }
-    }
-}
-
-// A split owner warp's 16 rows of O through `stage` (16 rows x kHeadDim elements of shared memory
-// the warp has to itself), so that each global store is 16 bytes a lane and a warp store writes
-// whole rows. From registers, each warp store wrote 16-byte pieces of 8 rows, half of every sector
-// it touched, and a grid of 128 CTAs draining 4 KB each that way took 0.4 µs a call longer than
-// the same bytes coalesced (NOTES.md, run 150b). The 16-byte chunk j of row r sits at chunk
-// j ^ (r mod 8) of its row in `stage`, so neither the 4-byte writes (8 rows, one chunk each) nor the
-// 16-byte reads (a row a quarter-warp) meet a bank twice.
-template <int kHeadDim, class AccRowCol, class CoordRowCol, class Element>
-__device__ void store_warp_rows_staged(AccRowCol const& o, CoordRowCol const& coord, Element* o_tile, int rows,
-                                       char* stage, int lane) {
-    static_assert(sizeof(Element) == 2, "16-bit O");
-    constexpr int kRowBytes = kHeadDim * 2;
-    constexpr int kChunks = kRowBytes / 16;
-    constexpr int kWarpRows = 16;
-    static_assert(decltype(size<0>(o))::value == 2, "a thread holds rows l/4 and l/4 + 8 of its warp's 16");
-    const int warp_row0 = get<0>(coord(0, 0)) & ~(kWarpRows - 1);
-    cutlass::NumericArrayConverter<Element, float, 2> convert;
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < size<0>(o); ++r) {
-        const int row = get<0>(coord(r, 0)) - warp_row0;
-        const int lane_col = get<1>(coord(r, 0));   // the lane's column in each 8-column chunk
-        char* stage_row = stage + row * kRowBytes + lane_col * 2;
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < size<1>(o); c += 2) {
-            const int chunk = (get<1>(coord(r, c)) - lane_col) / 8;   // a constant for each c
-            cutlass::Array<float, 2> pair;
-            pair[0] = o(r, c);
-            pair[1] = o(r, c + 1);
-            *reinterpret_cast<cutlass::Array<Element, 2>*>(stage_row + ((chunk ^ (row & 7)) * 16)) = convert(pair);
-        }
-    }
-    __syncwarp();
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kWarpRows * kChunks / 32; ++i) {
-        const int row = (i * 32 + lane) / kChunks;
-        const int chunk = lane % kChunks;
-        const uint4 value = *reinterpret_cast<uint4 const*>(stage + row * kRowBytes + ((chunk ^ (row & 7)) * 16));
-        if (warp_row0 + row < rows) {
-            *reinterpret_cast<uint4*>(o_tile + (warp_row0 + row) * kHeadDim + chunk * 8) = value;
         }
     }
 }
