@@ -69,11 +69,6 @@ struct IssueTurn {
 // writes, and runs while it finishes; the consumers touch global memory only through what those
 // loads bring (NOTES.md, runs 31-32). The prefetch (prefetch_inputs) does not wait: it only asks L2
 // for lines, which the previous grid's stores then update there.
-// Development (V5_DEV_TRIGGER_STEP, 0): at D=64 the next grid is let in after the softmax of the
-// share's k-th key tile after the first instead of the first's (run 152).
-#ifndef V5_DEV_TRIGGER_STEP
-#define V5_DEV_TRIGGER_STEP 0
-#endif
 template <class Traits>
 constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
 
@@ -311,7 +306,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // not the previous grid's completion, gated the first load (0.08-0.17 us a call on the H200;
         // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
         // measured 0.05 us slower (NOTES.md, runs 120-121). The first invocation in a CTA counts.
-        if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64 && V5_DEV_TRIGGER_STEP == 0) evo_sm90::allow_next_grid();
+        if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);
         auto read_v = read_k;
         ++read_k;
@@ -334,9 +329,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
                 rescaled = softmax.template update<false>(s_rc, o_scale);
             }
             if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
-            if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64 && V5_DEV_TRIGGER_STEP > 0) {
-                if (n == span.end - 1 - V5_DEV_TRIGGER_STEP) evo_sm90::allow_next_grid();
-            }
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
