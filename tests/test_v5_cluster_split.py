@@ -24,12 +24,12 @@ def is_split(kernel: str) -> bool:
     return SPLIT_TRAITS.search(kernel) is not None
 
 
-# Split CTAs of 128 query rows (two consumer warp groups) and of 64 (one; two CTAs to an SM), the
-# latter with 128- and 64-key stages, with 64-key stages three to an SM at D=64 (two stages each),
-# and with the default's four 64-key stages at D=64 (m64n64).
+# Split CTAs of 128 query rows (two consumer warp groups) and of 64 (one; two CTAs to an SM at D=64),
+# the latter with 128- and 64-key stages, with 64-key stages three to an SM at D=64 (two stages each),
+# and with the default's four 64-key stages at D=64 (m64n64, here with 64-key stages at D=128 too).
 @pytest.fixture(scope="module", params=[{"split_block_m": 128, "split_block_n": 128, "split_stages_d64": 2},
                                         {"split_block_m": 64, "split_block_n": 128, "split_stages_d64": 2},
-                                        {"split_block_m": 64, "split_block_n": 64},
+                                        {"split_block_m": 64, "split_block_n": 64, "split_block_n_d128": 64},
                                         {"split_block_m": 64, "split_block_n": 64, "split_ctas_per_sm": 3,
                                          "split_stages_d64": 2}],
                 ids=["m128", "m64", "m64n64", "m64n64c3"])

@@ -195,7 +195,7 @@ struct KernelTraits {
     // CTAs an SM holds: 64-row split CTAs as many as their shared memory fits in the SM's 228 KB
     // (1 KB of it reserved per CTA), up to split_ctas_per_sm: with two 64-key stages about 54 KB each
     // at D=64 (four, split_stages_d64: 87 KB) and 106 KB at D=128, with two 128-key stages 86 KB at
-    // D=64; one CTA of more warp groups.
+    // D=64 and 171 KB at D=128 (split_block_n_d128: one to an SM); one CTA of more warp groups.
     static constexpr int kSmemCtasPerSm = 228 * 1024 / (kSmemBytes + 1024);
     static constexpr int kMinBlocksPerSm =
         kConsumerWarpGroups > 1 ? 1 : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;

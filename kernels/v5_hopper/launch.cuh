@@ -238,10 +238,11 @@ struct Kernels {
     // (NOTES.md, runs 53-59: with two Q buffers +1.3-2.5% at 1024 and 2048 keys, +1.5-2.5% from 4096).
     using FreeIssue = KernelTraits<Element, kHeadDim, kBlockMFull, kBlockNFull, kStages, false, true>;
     // A split CTA walks a share of one tile's keys. At D=128 two stages leave shared memory for the
-    // receive slots and a second CTA on the SM; at D=64 four hold the mission shape's whole 256-key
-    // share (split_stages_d64). Its stages may be narrower than the full kernel's (split_block_n): a
-    // share then runs as more, smaller steps.
-    using Split = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, V5_HOPPER_SPLIT_BLOCK_N,
+    // receive slots; at D=64 four hold the mission shape's whole 256-key share (split_stages_d64).
+    // Its stages may be narrower than the full kernel's (split_block_n, split_block_n_d128): a share
+    // then runs as more, smaller steps.
+    static constexpr int kSplitBlockN = kHeadDim == 64 ? V5_HOPPER_SPLIT_BLOCK_N : V5_HOPPER_SPLIT_BLOCK_N_D128;
+    using Split = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, kSplitBlockN,
                                kHeadDim == 64 ? V5_HOPPER_SPLIT_STAGES_D64 : 2, true>;
     static constexpr bool kFreeIssueKernel = kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0;
 

@@ -88,9 +88,13 @@
 #ifndef V5_HOPPER_SPLIT_BLOCK_M
 #error "V5_HOPPER_SPLIT_BLOCK_M undefined: the build passes it from variant.yaml (tunables.split_block_m)"
 #endif
-// keys per pipeline stage of a split CTA (both head dims)
+// keys per pipeline stage of a D=64 split CTA
 #ifndef V5_HOPPER_SPLIT_BLOCK_N
 #error "V5_HOPPER_SPLIT_BLOCK_N undefined: the build passes it from variant.yaml (tunables.split_block_n)"
+#endif
+// keys per pipeline stage of a D=128 split CTA
+#ifndef V5_HOPPER_SPLIT_BLOCK_N_D128
+#error "V5_HOPPER_SPLIT_BLOCK_N_D128 undefined: the build passes it from variant.yaml (tunables.split_block_n_d128)"
 #endif
 // K and V ring depth of the D=64 split kernels (2, or 4: a 256-key share resident)
 #ifndef V5_HOPPER_SPLIT_STAGES_D64
