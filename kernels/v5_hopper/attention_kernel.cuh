@@ -473,10 +473,10 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                                                                         pipeline_v, probe);
         } else if (warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
-        } else if (kPdlKernel<Traits> && warp_in_group == 3 && cute::elect_one_sync()) {
+        } else if (kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1 && warp_in_group == 3 && cute::elect_one_sync()) {
             // Only where the next call's CTAs find a free slot on every SM this grid uses: where this
             // grid fills an SM's slots they enter as these leave, and the prefetch came late and cost
-            // (+0.06 us on 2,8,512,64, run 140).
+            // (+0.06 us on 2,8,512,64, run 140). A kernel of one CTA an SM never has one.
             constexpr unsigned kFreeSlots = Traits::kMinBlocksPerSm - 1;
             if (gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots) {
                 prefetch_inputs<Traits, kCausal>(params);
