@@ -235,49 +235,6 @@ __device__ __forceinline__ void end_block_after(float last) {
     if (__float_as_uint(last) == 0xffffffffu) __nanosleep(1);
 }
 
-// Development (V5_DEV_KEY_GROUPS=2): key group 1 leaves its state (two rows' max and sum, then O in
-// its registers' order, 16 bytes a chunk) in shared memory and is done; group 0 waits for it and
-// folds it into its own (both groups' threads hold the same rows and columns). True in group 0.
-constexpr uint32_t kFoldBarrier = 7;   // after the ping-pong's (0..2) and the epilogue's (3..5) named barriers
-constexpr uint32_t kOffsetBarrier = 6;  // V5_DEV_KG_OFFSET: group 1 waits for group 0's first step
-constexpr uint32_t kKeyGroupThreads = 2 * cutlass::NumThreadsPerWarpGroup;
-template <class Traits, class Softmax, class AccRowCol>
-__device__ bool fold_key_groups(Softmax& softmax, AccRowCol& o, typename Traits::SharedStorage& shared, int key_group,
-                                int thread) {
-    static_assert(uint32_t(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier) + kFoldBarrier < 16,
-                  "the fold's named barrier runs past the hardware's 16");
-    static_assert(Softmax::kRowsPerThread == 2, "chunk 0 holds two rows' max and sum");
-    constexpr int kValues = decltype(size(o))::value;
-    static_assert(1 + kValues / 4 == Traits::kSplitChunks, "O as 16-byte chunks");
-    constexpr int kStride = Traits::kStageConsumers;
-    float4* chunks = reinterpret_cast<float4*>(shared.fold.data()) + thread;
-    auto* values = o.data();
-    if (key_group == 1) {
-        chunks[0] = make_float4(softmax.row_max[0], softmax.row_max[1], softmax.row_sum[0], softmax.row_sum[1]);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < kValues / 4; ++i) {
-            chunks[(1 + i) * kStride] = make_float4(values[4 * i], values[4 * i + 1], values[4 * i + 2], values[4 * i + 3]);
-        }
-        cutlass::arch::NamedBarrier::arrive(2 * kStride, kFoldBarrier);
-        return false;
-    }
-    cutlass::arch::NamedBarrier::sync(2 * kStride, kFoldBarrier);
-    const float4 head = chunks[0];
-    const float other_max[2] = {head.x, head.y};
-    const float other_sum[2] = {head.z, head.w};
-    float mine_weight[2], other_weight[2];
-    softmax.fold(other_max, other_sum, mine_weight, other_weight);
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kValues / 4; ++i) {
-        const float4 other = chunks[(1 + i) * kStride];
-        values[4 * i] = fmaf(values[4 * i], mine_weight[0], other.x * other_weight[0]);
-        values[4 * i + 1] = fmaf(values[4 * i + 1], mine_weight[0], other.y * other_weight[0]);
-        values[4 * i + 2] = fmaf(values[4 * i + 2], mine_weight[1], other.z * other_weight[1]);
-        values[4 * i + 3] = fmaf(values[4 * i + 3], mine_weight[1], other.w * other_weight[1]);
-    }
-    return true;
-}
-
 template <class Traits, bool kCausal>
 __device__ void consume(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                         typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
@@ -286,13 +243,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     using Element = typename Traits::Element;
     using BarrierQ = typename Traits::BarrierQ;
     using BarrierQEmpty = typename Traits::BarrierQEmpty;
-    // With key groups each group's threads take the same fragments of the same rows (constants otherwise).
-    const int key_group = Traits::kKeyGroups > 1 ? consumer_thread / Traits::kStageConsumers : 0;
-    const int mma_thread = Traits::kKeyGroups > 1 ? consumer_thread % Traits::kStageConsumers : consumer_thread;
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
-    auto thr_qk = mma_qk.get_thread_slice(mma_thread);
-    auto thr_pv = mma_pv.get_thread_slice(mma_thread);
+    auto thr_qk = mma_qk.get_thread_slice(consumer_thread);
+    auto thr_pv = mma_pv.get_thread_slice(consumer_thread);
 
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
@@ -316,18 +270,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     // A free-issue kernel's groups never take turns (free_issue_d128_min_keys).
     constexpr bool kPingpong = Traits::kConsumerWarpGroups > 1 && !Traits::kFreeIssue &&
                                (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
-    const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{mma_thread / cutlass::NumThreadsPerWarpGroup};
+    const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{consumer_thread / cutlass::NumThreadsPerWarpGroup};
 
     const TileScheduler<Traits, kCausal> scheduler{params};
     typename Traits::PipelineState read_k;   // K and V stages advance together
-    // Key group g reads the stages of the tiles it takes: g, g + kKeyGroups, ... of the issue order.
-    const auto advance = [](typename Traits::PipelineState& state) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < Traits::kKeyGroups; ++i) ++state;
-    };
-    if constexpr (Traits::kKeyGroups > 1) {
-        if (key_group == 1) ++read_k;
-    }
     int tile_count = 0;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
@@ -342,34 +288,20 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (tile_count == 0) probe.mark(trace::kQReady);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
-        int n = span.end - 1 - key_group;
-        // A key group without a tile in this share keeps the empty state (max -inf, sum 0, O 0),
-        // which the fold weighs at zero.
-        if (!(Traits::kKeyGroups > 1 && n < span.begin)) {
+        int n = span.end - 1;
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
-        // Development (V5_DEV_KG_OFFSET): key group 1 starts a part of a step after group 0, so the two
-        // groups' softmaxes (which share the sub-partition's MUFU) and products alternate.
-        if constexpr (Traits::kKeyGroups > 1 && V5_DEV_KG_OFFSET > 0) {
-            if (key_group == 1 && tile_count == 0) cutlass::arch::NamedBarrier::sync(kKeyGroupThreads, kOffsetBarrier);
-        }
         turn.wait();
         warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
         turn.pass();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         if (tile_count == 0) probe.mark(trace::kFirstS);
-        if constexpr (Traits::kKeyGroups > 1 && V5_DEV_KG_OFFSET == 1) {
-            if (key_group == 0 && tile_count == 0) cutlass::arch::NamedBarrier::arrive(kKeyGroupThreads, kOffsetBarrier);
-        }
         release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
         if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
         softmax.template update<true>(s_rc, o_scale);
         if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
-        if constexpr (Traits::kKeyGroups > 1 && V5_DEV_KG_OFFSET == 2) {
-            if (key_group == 0 && tile_count == 0) cutlass::arch::NamedBarrier::arrive(kKeyGroupThreads, kOffsetBarrier);
-        }
         // At D=64 the next grid may start launching after the first softmax: there its CTAs' prologue,
         // not the previous grid's completion, gated the first load (0.08-0.17 us a call on the H200;
         // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
@@ -377,9 +309,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);
         auto read_v = read_k;
-        advance(read_k);
+        ++read_k;
 
-        for (n -= Traits::kKeyGroups; n >= span.begin; n -= Traits::kKeyGroups) {
+        for (--n; n >= span.begin; --n) {
             pipeline_k.consumer_wait(read_k);
             pipeline_v.consumer_wait(read_v);
             turn.wait();
@@ -408,7 +340,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
                 tOrP = convert_to_a_operand<Element>(tSrS);
             }
             read_v = read_k;
-            advance(read_k);
+            ++read_k;
         }
         // Every Q K^T of this query tile has completed: the producer may load the next Q.
         BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
@@ -422,24 +354,13 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         warpgroup_fence_operand(tOrO);
         if (tile_count == 0) probe.mark(trace::kLastPv);
         release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-        } else {
-            BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
-            // Group 0 arrived on the offset barrier if it had a tile.
-            if constexpr (Traits::kKeyGroups > 1 && V5_DEV_KG_OFFSET > 0) {
-                if (tile_count == 0 && span.end - 1 >= span.begin)
-                    cutlass::arch::NamedBarrier::sync(kKeyGroupThreads, kOffsetBarrier);
-            }
-        }
         if constexpr (Traits::kSplit) {
             // The next grid may start launching once every CTA has passed its key loop (at D=64 it
             // was let in after the first softmax, above; at entry, its CTAs would wait on SMs this
             // grid still needs: v4_pipelined's NOTES.md, runs 6-7).
             if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
-            if constexpr (Traits::kKeyGroups > 1) {
-                if (!fold_key_groups<Traits>(softmax, o_rc, shared, key_group, mma_thread)) return;
-            }
             const ClusterMerge<Traits> cluster{shared, params.key_splits};
-            const bool owner = cluster.merge(softmax, o_rc, mma_thread / 32, mma_thread % 32);
+            const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32);
             if (tile_count == 0) probe.mark(trace::kMerged);
             if (!owner) return;
         }
@@ -472,7 +393,7 @@ __device__ void init_ring_barriers(typename Traits::Pipeline::SharedStorage& rin
     CUTLASS_PRAGMA_UNROLL
     for (int stage = 0; stage < Traits::kStages; ++stage) {
         ring.full_barrier_[stage].init(1);
-        ring.empty_barrier_[stage].init(Traits::kStageConsumers);
+        ring.empty_barrier_[stage].init(Traits::kConsumerThreads);
     }
 }
 
@@ -483,7 +404,7 @@ __device__ typename Traits::Pipeline::Params pipeline_params(bool producer, bool
     typename Traits::Pipeline::Params p;
     p.role = producer ? Traits::Pipeline::ThreadCategory::Producer : Traits::Pipeline::ThreadCategory::Consumer;
     p.is_leader = leader;
-    p.num_consumers = Traits::kStageConsumers;
+    p.num_consumers = Traits::kConsumerThreads;
     p.transaction_bytes = stage_bytes;
     return p;
 }
@@ -540,32 +461,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         probe.mark_at(trace::kSynced, synced_ns, synced_cycles);
     }
 
-    if constexpr (Traits::kProducerWarp) {
-        // Development (key groups): one producer warp after the consumers, its one thread taking the
-        // prefetch, Q and the K/V rings in turn; no register trading (kernel_traits.cuh).
-        if (threadIdx.x >= Traits::kConsumerThreads) {
-            if (cute::elect_one_sync()) {
-                if (kPdlKernel<Traits> && gridDim.x * gridDim.y * gridDim.z <=
-                                              evo_sm90::sm_id_count() * (Traits::kMinBlocksPerSm - 1)) {
-                    prefetch_inputs<Traits, kCausal>(params);
-                }
-                produce_q<Traits, kCausal>(params, shared, probe);
-                Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
-                                    Shape<_1, _1, _1>{}, cute::false_type{});
-                Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(true, true, Traits::kTmaBytesV),
-                                    Shape<_1, _1, _1>{}, cute::false_type{});
-                produce_kv<Traits, kCausal, Rings::kBoth>(params, shared, pipeline_k, pipeline_v, probe);
-            }
-        } else {
-            Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(false, false, Traits::kTmaBytesK),
-                                Shape<_1, _1, _1>{}, cute::false_type{});
-            Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(false, false, Traits::kTmaBytesV),
-                                Shape<_1, _1, _1>{}, cute::false_type{});
-            const int consumer_thread = int(threadIdx.x);
-            consume<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, consumer_thread,
-                                     consumer_thread == 0 ? probe : trace::Probe{});
-        }
-    } else if (warp_group == 0) {
+    if (warp_group == 0) {
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
         const int warp_in_group = __shfl_sync(0xffffffff, (threadIdx.x / 32) % 4, 0);
         if (warp_in_group == 0 && cute::elect_one_sync()) {

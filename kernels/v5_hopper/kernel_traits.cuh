@@ -39,16 +39,9 @@ struct KernelTraits {
     // split kernels, whose start-of-call burst is tuned as one thread issues it: NOTES.md, run 44).
     static_assert(V5_HOPPER_KV_PRODUCERS == 1 || V5_HOPPER_KV_PRODUCERS == 2, "kv_producers: 1 or 2");
     static constexpr bool kSeparateV = V5_HOPPER_KV_PRODUCERS == 2 && !kSplit;
-    static constexpr int kConsumerWarpGroups = kBlockM / 64;   // warp groups per key tile: one per 64 rows
-    // Development (V5_DEV_KEY_GROUPS=2, D=64 64-row split CTAs only): two consumer warp groups on the
-    // same rows, each on every other key tile, folded before the cluster merge; the producer is one
-    // warp after them and nothing trades registers (288 threads x 112, two CTAs an SM).
-    static constexpr int kKeyGroups =
-        V5_DEV_KEY_GROUPS == 2 && kSplit && kConsumerWarpGroups == 1 && kHeadDim == 64 ? 2 : 1;
-    static constexpr int kStageConsumers = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;  // read a stage
-    static constexpr int kConsumerThreads = kKeyGroups * kStageConsumers;
-    static constexpr bool kProducerWarp = kKeyGroups > 1;
-    static constexpr int kThreads = kConsumerThreads + (kProducerWarp ? 32 : cutlass::NumThreadsPerWarpGroup);
+    static constexpr int kConsumerWarpGroups = kBlockM / 64;
+    static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
+    static constexpr int kThreads = kConsumerThreads + cutlass::NumThreadsPerWarpGroup;  // + the producer
     static_assert(kConsumerWarpGroups >= 1 && kConsumerWarpGroups <= 3 && kBlockM % 64 == 0,
                   "64, 128 or 192 query rows per CTA");
     static_assert(kConsumerWarpGroups > 1 || kSplit, "64-row tiles only for the split kernels (split_block_m)");
@@ -88,8 +81,7 @@ struct KernelTraits {
     static_assert(V5_HOPPER_LAZY_RESCALE >= 0 && V5_HOPPER_LAZY_RESCALE <= 4, "lazy_rescale: 0 to 4");
     static constexpr bool kLazyRescale = V5_HOPPER_LAZY_RESCALE == 1 || V5_HOPPER_LAZY_RESCALE == 4 ||
                                          (V5_HOPPER_LAZY_RESCALE >= 2 && kFreeIssue);
-    static constexpr bool kOptimisticMax =
-        (V5_HOPPER_LAZY_RESCALE == 4 || (V5_HOPPER_LAZY_RESCALE == 3 && kFreeIssue)) && (kKeyGroups == 1 || V5_DEV_KG_OPTIMISTIC);
+    static constexpr bool kOptimisticMax = V5_HOPPER_LAZY_RESCALE == 4 || (V5_HOPPER_LAZY_RESCALE == 3 && kFreeIssue);
     // 128-byte swizzled tiles: the layout wgmma descriptors and TMA boxes both accept, and the
     // one that keeps wgmma's shared-memory reads free of bank conflicts.
     template <int kBuffers>
@@ -144,7 +136,7 @@ struct KernelTraits {
     // 0 of a lane holds its two rows' maxima and sums, chunks 1.. its O accumulator, 16 bytes each,
     // chunk c of lane l at byte (c * 32 + l) * 16 of the slot. Sized for the most slots (S = 4) and
     // the most owned warps (S = 2).
-    static constexpr int kConsumerWarps = kStageConsumers / 32;   // the warps that own rows
+    static constexpr int kConsumerWarps = kConsumerThreads / 32;
     static constexpr int kMaxSplits = 4;
     static constexpr int kSplitChunks = 1 + kHeadDim / 8;
     static constexpr int kWarpStateBytes = kSplitChunks * 16 * 32;
@@ -170,8 +162,6 @@ struct KernelTraits {
         typename BarrierQEmpty::ValueType barrier_q_empty[kBuffers];   // Q read by every consumer
         cute::array_aligned<char, kSplit ? kReceiveSlots * kWarpStateBytes : 16, 16> receive;
         uint64_t receive_barrier[kSplit ? kMostOwnedWarps : 1];           // an owned warp's slots filled
-        // Key group 1's state for group 0 to fold: chunk c of thread t at float4 c * kStageConsumers + t.
-        cute::array_aligned<float, (kKeyGroups > 1 ? kStageConsumers * 4 * kSplitChunks : 4), 16> fold;
 #if V5_HOPPER_TRACE
         trace::Row trace_row;   // the diagnostic build's probes, copied out at the CTA's end
 #endif

@@ -136,14 +136,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development only (not in variant.yaml): two key groups per D=64 split CTA (kernel_traits.cuh).
-#ifndef V5_DEV_KEY_GROUPS
-#define V5_DEV_KEY_GROUPS 0
-#endif
-#ifndef V5_DEV_KG_OPTIMISTIC
-#define V5_DEV_KG_OPTIMISTIC 0
-#endif
-#ifndef V5_DEV_KG_OFFSET
-#define V5_DEV_KG_OFFSET 0
-#endif
