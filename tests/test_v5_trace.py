@@ -109,3 +109,20 @@ def test_traced_split_records_every_cta_in_order(tmp_path):
         assert call["steps"]["consumer_start->q_ready"]["ctas"] == ctas
     period_us = summary["median"]["period_ns"] / 1000
     assert 0.7 * summary["graph_per_call_us"] <= period_us <= 1.3 * summary["graph_per_call_us"]
+
+
+def test_split_ranks_are_summarised_apart():
+    raw = bytearray(synthetic(4, 8, 5_000, 100))
+    words = np.frombuffer(raw, dtype=np.uint64).copy()
+    table = words[2 + timeline.CALLS:].reshape(2, timeline.CALLS, timeline.CTAS, timeline.SLOTS)
+    merged = timeline.POINTS.index("merged")
+    for c in range(8):
+        table[0, :4, c, len(timeline.POINTS)] |= np.uint64((c % 2) << 32)   # odd CTAs: rank 1
+        if c % 2:
+            table[1, :4, c, merged] += np.uint64(1_000)   # rank 1 folds 1,000 cycles longer
+    summary = timeline.summarize(timeline.parse(words.tobytes()), 3)
+    by_rank = summary["median"]["median_cycles_by_rank"]
+    fold = "merge_landed->merged"   # both points synthetic: merged precedes merge_landed in the enum
+    assert by_rank["0"][fold] == 2 * 100 * (merged - timeline.POINTS.index("merge_landed"))
+    assert by_rank["1"][fold] == by_rank["0"][fold] + 1_000
+    assert "by cluster rank" in timeline.render(summary)

@@ -264,6 +264,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     Tensor o_rc = rowcol_view(tOrO);
     Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
     constexpr int kRows = decltype(size<0>(s_rc))::value;
+    // One optimistic vote for both of a thread's rows in the split kernels (development: V5_DEV_ONE_VOTE).
+    constexpr bool kOneVote = Traits::kSplit && V5_DEV_ONE_VOTE;
     // Ping-pong per mask kind: on the long non-causal D=128 shape the two groups issuing freely
     // measured 5% faster, on the causal ones 1-3% slower (NOTES.md, run 10).
     // One group (a 64-row split CTA) has no one to take turns with.
@@ -286,6 +288,11 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         const auto [q_buffer, q_use] = Traits::q_slot(tile_count);
         BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
         if (tile_count == 0) probe.mark(trace::kQReady);
+#if V5_DEV_EARLY_CLUSTER_WAIT
+        // Development: the merge's cluster barrier waited on here, where the warp waits for its first
+        // K anyway (every thread of the cluster arrived on it at entry).
+        if constexpr (Traits::kSplit) evo_sm90::cluster_wait();
+#endif
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
         int n = span.end - 1;
@@ -300,56 +307,152 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (tile_count == 0) probe.mark(trace::kFirstS);
         release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
         if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-        softmax.template update<true>(s_rc, o_scale);
+#if V5_DEV_CONVERT_UNDER_QK
+        // Development: each tile's P stays in its own fragment until the next pass converts it
+        // under that pass's Q K^T, with O's rescale (the order of FA3's intra-warp-group overlap).
+        constexpr bool kConvertUnderQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong;
+#else
+        constexpr bool kConvertUnderQk = false;
+#endif
+        if constexpr (kConvertUnderQk) {
+            softmax.first_update_into(s_rc, p_rc, o_scale);
+        } else {
+            softmax.template update<true>(s_rc, o_scale);
+        }
         if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
         // At D=64 the next grid may start launching after the first softmax: there its CTAs' prologue,
         // not the previous grid's completion, gated the first load (0.08-0.17 us a call on the H200;
         // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
         // measured 0.05 us slower (NOTES.md, runs 120-121). The first invocation in a CTA counts.
         if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
-        Tensor tOrP = convert_to_a_operand<Element>(tSrS);
+        Tensor tOrP = convert_to_a_operand<Element>(tSrS);   // unused where kConvertUnderQk
         auto read_v = read_k;
         ++read_k;
+        bool rescaled_last = false;   // kConvertUnderQk: the previous softmax moved some row's maximum
 
+#if V5_HOPPER_TRACE
+        int pass = 0;   // the probes' step index: passes 1 to 3 are recorded
+#define V5_STEP_PROBE(point) \
+    if (tile_count == 0 && pass <= 3) probe.mark(trace::Point(trace::point + 4 * (pass - 1)))
+#else
+#define V5_STEP_PROBE(point)
+#endif
+#if V5_DEV_EARLY_QK
+        // Development: each tile's Q K^T issued as soon as the previous tile's softmax has read S
+        // (the optimistic softmax writes P to a fragment of its own), so its latency passes under
+        // the P V wait, the rescale, the conversion and the next P V's issue. One copy of the step.
+        constexpr bool kEarlyQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong;
+#else
+        constexpr bool kEarlyQk = false;
+#endif
+        if constexpr (kEarlyQk) {
+            // Every pass issues one Q K^T, so every path reaches the loop's ends with the same wgmma
+            // pending (ptxas serialises the products otherwise): where no tile is left it reads the
+            // current tile's K stage again (the ring gets no more loads; S is not read again).
+            // O's zeros are written before this Q K^T is issued: sunk below it, they would be
+            // accumulator writes inside its pipeline stage (ptxas C7514/C7515 serialise then).
+            warpgroup_fence_operand(tOrO);
+            bool more = n - 1 >= span.begin;
+            if (more) pipeline_k.consumer_wait(read_k);
+#if !(V5_DEV_EQ_BISECT & 4)
+            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, more ? read_k.index() : read_v.index()), tSrS);
+#endif
+            for (--n; n >= span.begin; --n) {
+#if V5_HOPPER_TRACE
+                ++pass;
+#endif
+                V5_STEP_PROBE(kStep1Top);
+                pipeline_v.consumer_wait(read_v);
+                warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+                warpgroup_wait<1>();        // S of tile n has landed; P V of the previous tile may still run
+                warpgroup_fence_operand(tSrS);
+                V5_STEP_PROBE(kStep1S);
+                release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+                if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+                const bool rescaled = softmax.template update_optimistic<kOneVote>(s_rc, p_rc, o_scale);
+                V5_STEP_PROBE(kStep1Softmax);
+                auto next_k = read_k;
+                ++next_k;
+                more = n - 1 >= span.begin;
+                if (more) pipeline_k.consumer_wait(next_k);
+#if !(V5_DEV_EQ_BISECT & 8)
+                warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, more ? next_k.index() : read_k.index()), tSrS);
+#endif
+                warpgroup_wait<1>();        // P V done; the next Q K^T may still run
+                warpgroup_fence_operand(tOrO);
+                V5_STEP_PROBE(kStep1Pv);
+                release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
+#if !(V5_DEV_EQ_BISECT & 1)
+                if (__any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
+#endif
+#if !(V5_DEV_EQ_BISECT & 2)
+                tOrP = convert_to_a_operand<Element>(tSrP);
+#endif
+                read_v = read_k;
+                read_k = next_k;
+            }
+        } else
         for (--n; n >= span.begin; --n) {
+#if V5_HOPPER_TRACE
+            ++pass;
+#endif
+            V5_STEP_PROBE(kStep1Top);
             pipeline_k.consumer_wait(read_k);
             pipeline_v.consumer_wait(read_v);
             turn.wait();
             warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
+            if constexpr (kConvertUnderQk) {
+                // Under the Q K^T: the previous tile's rescale and conversion (its P V has completed).
+                if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
+                tOrP = convert_to_a_operand<Element>(tSrP);
+            }
             warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
             turn.pass();
             warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
             warpgroup_fence_operand(tSrS);
+            V5_STEP_PROBE(kStep1S);
             release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
             bool rescaled;
             if constexpr (Traits::kOptimisticMax) {
-                rescaled = softmax.update_optimistic(s_rc, p_rc, o_scale);
+                rescaled = softmax.template update_optimistic<kOneVote>(s_rc, p_rc, o_scale);
             } else {
                 rescaled = softmax.template update<false>(s_rc, o_scale);
             }
             if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
+            V5_STEP_PROBE(kStep1Softmax);
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
+            V5_STEP_PROBE(kStep1Pv);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-            // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
-            if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
-            if constexpr (Traits::kOptimisticMax) {
-                tOrP = convert_to_a_operand<Element>(tSrP);
+            if constexpr (kConvertUnderQk) {
+                rescaled_last = rescaled;
             } else {
-                tOrP = convert_to_a_operand<Element>(tSrS);
+                // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
+                if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
+                if constexpr (Traits::kOptimisticMax) {
+                    tOrP = convert_to_a_operand<Element>(tSrP);
+                } else {
+                    tOrP = convert_to_a_operand<Element>(tSrS);
+                }
             }
             read_v = read_k;
             ++read_k;
         }
+#undef V5_STEP_PROBE
         // Every Q K^T of this query tile has completed: the producer may load the next Q.
         BarrierQEmpty::arrive(&shared.barrier_q_empty[q_buffer]);
 
         // Last P V.
+        if constexpr (kConvertUnderQk) {
+            if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
+            tOrP = convert_to_a_operand<Element>(tSrP);
+        }
         pipeline_v.consumer_wait(read_v);
         turn.wait();
         warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         if (!turn.is_last()) turn.pass();
+        if (tile_count == 0) probe.mark(trace::kLastPvIssued);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         if (tile_count == 0) probe.mark(trace::kLastPv);
@@ -359,8 +462,14 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             // was let in after the first softmax, above; at entry, its CTAs would wait on SMs this
             // grid still needs: v4_pipelined's NOTES.md, runs 6-7).
             if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
+#if V5_DEV_EARLY_CLUSTER_WAIT
+            // Development: the split count from the cluster, not a constant-bank load on the tail.
+            const ClusterMerge<Traits> cluster{shared, evo_sm90::cluster_size()};
+#else
             const ClusterMerge<Traits> cluster{shared, params.key_splits};
-            const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32);
+#endif
+            const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32,
+                                              tile_count == 0 ? probe : trace::Probe{});
             if (tile_count == 0) probe.mark(trace::kMerged);
             if (!owner) return;
         }

@@ -38,9 +38,26 @@ enum Point : int {
     kConsumerStart,  // consumer thread 0 enters consume (past setmaxnreg and its pipelines)
     kInitDone,       // thread 0, its barriers initialised (before the CTA's first __syncthreads)
     kSynced,         // thread 0, past that __syncthreads (and the cluster arrive)
+    // Consumer thread 0 in the key loop's first three passes (the tiles after the first), and at the
+    // merge: what one step's fixed part is made of (NOTES.md, run 161).
+    kStep1Top,       // the pass begins: before its K and V waits
+    kStep1S,         // its S = Q K^T has landed
+    kStep1Softmax,   // its softmax done
+    kStep1Pv,        // the previous tile's P V has completed
+    kStep2Top,
+    kStep2S,
+    kStep2Softmax,
+    kStep2Pv,
+    kStep3Top,
+    kStep3S,
+    kStep3Softmax,
+    kStep3Pv,
+    kLastPvIssued,   // the last P V issued (before its wait)
+    kMergeReady,     // past the merge's cluster barrier
+    kMergeLanded,    // the owner: the other ranks' states have landed (a pusher: its pushes issued)
     kPoints
 };
-constexpr int kSlots = 24;     // per probe row: kPoints timestamps, then the CTA's SM and cluster rank
+constexpr int kSlots = 40;     // per probe row: kPoints timestamps, then the CTA's SM and cluster rank
 constexpr int kCalls = 64;     // rows are reused modulo this many calls
 constexpr int kCtas = 1024;    // CTAs past this are not recorded
 static_assert(kPoints + 1 <= kSlots, "points and the SM slot fit a row");

@@ -9,8 +9,10 @@ import numpy as np
 # trace.cuh's Point enum, in order; SLOTS, CALLS and CTAS are its kSlots, kCalls and kCtas.
 POINTS = ("entry", "past_wait", "kv_issued", "q_ready", "first_k_ready", "first_s", "first_softmax",
           "last_pv", "merged", "store_issued", "exit", "producer_start", "kv_scheduled", "k_acquired",
-          "q_issued", "consumer_start", "init_done", "synced")
-SLOTS, CALLS, CTAS = 24, 64, 1024
+          "q_issued", "consumer_start", "init_done", "synced",
+          "step1_top", "step1_s", "step1_softmax", "step1_pv", "step2_top", "step2_s", "step2_softmax", "step2_pv",
+          "step3_top", "step3_s", "step3_softmax", "step3_pv", "last_pv_issued", "merge_ready", "merge_landed")
+SLOTS, CALLS, CTAS = 40, 64, 1024
 # Steps ordered by program order within one thread, or by cause across two (a load lands after
 # its issue): each is non-negative. The K/V thread: entry (thread 0) to its first load; consumer
 # thread 0: from its start to its exit; the Q thread's issue to Q's landing.
@@ -22,7 +24,15 @@ STEPS = (("entry", "producer_start"), ("producer_start", "kv_scheduled"), ("kv_s
          ("store_issued", "exit"),
          # The prologue, finer, all in warp 0 (the K/V thread is one of its lanes): thread 0's barrier
          # set-up, the CTA's first barrier, then the producer's register release and pipeline objects.
-         ("entry", "init_done"), ("init_done", "synced"), ("synced", "producer_start"))
+         ("entry", "init_done"), ("init_done", "synced"), ("synced", "producer_start"),
+         # The key loop's passes after the first tile, each from its top: the K and V waits and the
+         # issue, S landing, the softmax, the previous P V's wait, then the convert and the next top.
+         ("first_softmax", "step1_top"),
+         *((f"step{i}_{a}", f"step{i}_{b}") for i in (1, 2, 3)
+           for a, b in (("top", "s"), ("s", "softmax"), ("softmax", "pv"))),
+         ("step1_pv", "step2_top"), ("step2_pv", "step3_top"), ("step3_pv", "last_pv_issued"),
+         ("last_pv_issued", "last_pv"), ("last_pv", "merge_ready"), ("merge_ready", "merge_landed"),
+         ("merge_landed", "merged"))
 
 
 def buffer_bytes() -> int:
@@ -81,6 +91,17 @@ def summarize_call(trace: dict, row: int, previous_row: int | None) -> dict:
                                     "median_cycles": float(np.median(d_cyc)), "min_cycles": int(d_cyc.min()),
                                     "max_cycles": int(d_cyc.max())}
     summary["steps"] = steps
+    # A split cluster's ranks do different things at the merge (the owner waits, a pusher sends):
+    # each step's median cycles per rank.
+    ranks = ns[:, len(POINTS)] >> 32
+    if ranks.max() > 0:
+        summary["median_cycles_by_rank"] = {
+            str(rank): {f"{start}->{end}": float(np.median(d[ok]))
+                        for start, end in STEPS
+                        for d, ok in [((_column(cycles, end) - _column(cycles, start)),
+                                       (ranks == rank) & (_column(ns, start) > 0) & (_column(ns, end) > 0))]
+                        if ok.any()}
+            for rank in sorted({int(r) for r in ranks})}
     return summary
 
 
@@ -97,6 +118,12 @@ def summarize(trace: dict, count: int) -> dict:
                                "max_ns": statistics.median(c["steps"][step]["max_ns"] for c in calls),
                                "median_cycles": statistics.median(c["steps"][step]["median_cycles"] for c in calls)}
                         for step in calls[-1]["steps"] if all(step in c["steps"] for c in calls)}
+    if all("median_cycles_by_rank" in c for c in calls):
+        by_rank = calls[-1]["median_cycles_by_rank"]
+        medians["median_cycles_by_rank"] = {
+            rank: {step: statistics.median(c["median_cycles_by_rank"][rank][step] for c in calls)
+                   for step in steps if all(step in c["median_cycles_by_rank"].get(rank, {}) for c in calls)}
+            for rank, steps in by_rank.items()}
     return {"calls": calls, "median": medians, "ctas": calls[-1]["ctas"], "sms": calls[-1]["sms"]}
 
 
@@ -111,4 +138,9 @@ def render(summary: dict) -> str:
              "  step (consumer thread 0, the K/V thread, the Q thread)   median ns   max ns   median cycles"]
     for step, s in m["steps"].items():
         lines.append(f"  {step:38s} {s['median_ns']:9.0f} {s['max_ns']:8.0f} {s['median_cycles']:12.0f}")
+    by_rank = m.get("median_cycles_by_rank", {})
+    if by_rank:
+        lines.append("  median cycles by cluster rank: " + "   ".join(f"rank {rank}" for rank in by_rank))
+        for step in next(iter(by_rank.values())):
+            lines.append(f"  {step:38s} " + " ".join(f"{steps.get(step, float('nan')):9.0f}" for steps in by_rank.values()))
     return "\n".join(lines)
