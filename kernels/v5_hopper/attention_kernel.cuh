@@ -264,8 +264,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     Tensor o_rc = rowcol_view(tOrO);
     Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
     constexpr int kRows = decltype(size<0>(s_rc))::value;
-    // One optimistic vote for both of a thread's rows in the split kernels (development: V5_DEV_ONE_VOTE).
-    constexpr bool kOneVote = Traits::kSplit && V5_DEV_ONE_VOTE;
+    // One optimistic vote for both of a thread's rows in the split kernels (OnlineSoftmax::update_optimistic).
+    constexpr bool kOneVote = Traits::kSplit;
     // Ping-pong per mask kind: on the long non-causal D=128 shape the two groups issuing freely
     // measured 5% faster, on the causal ones 1-3% slower (NOTES.md, run 10).
     // One group (a 64-row split CTA) has no one to take turns with.
@@ -288,11 +288,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         const auto [q_buffer, q_use] = Traits::q_slot(tile_count);
         BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
         if (tile_count == 0) probe.mark(trace::kQReady);
-#if V5_DEV_EARLY_CLUSTER_WAIT
-        // Development: the merge's cluster barrier waited on here, where the warp waits for its first
-        // K anyway (every thread of the cluster arrived on it at entry).
-        if constexpr (Traits::kSplit) evo_sm90::cluster_wait();
-#endif
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
         int n = span.end - 1;
@@ -307,13 +302,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (tile_count == 0) probe.mark(trace::kFirstS);
         release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
         if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-#if V5_DEV_CONVERT_UNDER_QK
-        // Development: each tile's P stays in its own fragment until the next pass converts it
-        // under that pass's Q K^T, with O's rescale (the order of FA3's intra-warp-group overlap).
+        // In the split kernels each tile's P waits in its own fragment until the next pass, which
+        // converts it, with O's rescale vote, under its Q K^T (FA3's order within a warp group):
+        // the pass's end then has only the P V wait (NOTES.md, runs 162-163).
         constexpr bool kConvertUnderQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong;
-#else
-        constexpr bool kConvertUnderQk = false;
-#endif
         if constexpr (kConvertUnderQk) {
             softmax.first_update_into(s_rc, p_rc, o_scale);
         } else {
@@ -325,7 +317,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
         // measured 0.05 us slower (NOTES.md, runs 120-121). The first invocation in a CTA counts.
         if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
-        Tensor tOrP = convert_to_a_operand<Element>(tSrS);   // unused where kConvertUnderQk
+        Tensor tOrP = convert_to_a_operand<Element>(tSrS);   // kConvertUnderQk: the first pass converts P
         auto read_v = read_k;
         ++read_k;
         bool rescaled_last = false;   // kConvertUnderQk: the previous softmax moved some row's maximum
@@ -337,61 +329,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
 #else
 #define V5_STEP_PROBE(point)
 #endif
-#if V5_DEV_EARLY_QK
-        // Development: each tile's Q K^T issued as soon as the previous tile's softmax has read S
-        // (the optimistic softmax writes P to a fragment of its own), so its latency passes under
-        // the P V wait, the rescale, the conversion and the next P V's issue. One copy of the step.
-        constexpr bool kEarlyQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong;
-#else
-        constexpr bool kEarlyQk = false;
-#endif
-        if constexpr (kEarlyQk) {
-            // Every pass issues one Q K^T, so every path reaches the loop's ends with the same wgmma
-            // pending (ptxas serialises the products otherwise): where no tile is left it reads the
-            // current tile's K stage again (the ring gets no more loads; S is not read again).
-            // O's zeros are written before this Q K^T is issued: sunk below it, they would be
-            // accumulator writes inside its pipeline stage (ptxas C7514/C7515 serialise then).
-            warpgroup_fence_operand(tOrO);
-            bool more = n - 1 >= span.begin;
-            if (more) pipeline_k.consumer_wait(read_k);
-#if !(V5_DEV_EQ_BISECT & 4)
-            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, more ? read_k.index() : read_v.index()), tSrS);
-#endif
-            for (--n; n >= span.begin; --n) {
-#if V5_HOPPER_TRACE
-                ++pass;
-#endif
-                V5_STEP_PROBE(kStep1Top);
-                pipeline_v.consumer_wait(read_v);
-                warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-                warpgroup_wait<1>();        // S of tile n has landed; P V of the previous tile may still run
-                warpgroup_fence_operand(tSrS);
-                V5_STEP_PROBE(kStep1S);
-                release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-                if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-                const bool rescaled = softmax.template update_optimistic<kOneVote>(s_rc, p_rc, o_scale);
-                V5_STEP_PROBE(kStep1Softmax);
-                auto next_k = read_k;
-                ++next_k;
-                more = n - 1 >= span.begin;
-                if (more) pipeline_k.consumer_wait(next_k);
-#if !(V5_DEV_EQ_BISECT & 8)
-                warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, more ? next_k.index() : read_k.index()), tSrS);
-#endif
-                warpgroup_wait<1>();        // P V done; the next Q K^T may still run
-                warpgroup_fence_operand(tOrO);
-                V5_STEP_PROBE(kStep1Pv);
-                release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-#if !(V5_DEV_EQ_BISECT & 1)
-                if (__any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
-#endif
-#if !(V5_DEV_EQ_BISECT & 2)
-                tOrP = convert_to_a_operand<Element>(tSrP);
-#endif
-                read_v = read_k;
-                read_k = next_k;
-            }
-        } else
         for (--n; n >= span.begin; --n) {
 #if V5_HOPPER_TRACE
             ++pass;
@@ -462,12 +399,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             // was let in after the first softmax, above; at entry, its CTAs would wait on SMs this
             // grid still needs: v4_pipelined's NOTES.md, runs 6-7).
             if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
-#if V5_DEV_EARLY_CLUSTER_WAIT
-            // Development: the split count from the cluster, not a constant-bank load on the tail.
-            const ClusterMerge<Traits> cluster{shared, evo_sm90::cluster_size()};
-#else
             const ClusterMerge<Traits> cluster{shared, params.key_splits};
-#endif
             const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32,
                                               tile_count == 0 ? probe : trace::Probe{});
             if (tile_count == 0) probe.mark(trace::kMerged);

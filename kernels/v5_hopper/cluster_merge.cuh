@@ -34,15 +34,6 @@ struct ClusterMerge {
     // as a shift and a mask, no runtime division at entry or before the merge (NOTES.md, run 132).
     __device__ int shift() const { return evo_sm90::split_shift(splits); }
 
-#if V5_DEV_PUSH_CHUNKS
-    // Development (a timing diagnostic; the results are wrong): only the first V5_DEV_PUSH_CHUNKS
-    // chunks of O are pushed, so the push's bytes can be told from its latency.
-    static constexpr int kPushedChunks = 1 + V5_DEV_PUSH_CHUNKS;
-#else
-    static constexpr int kPushedChunks = Traits::kSplitChunks;
-#endif
-    static constexpr int kPushedBytes = kPushedChunks * 16 * 32;
-
     __device__ uint32_t barrier(int owned) const { return cute::cast_smem_ptr_to_uint(&shared.receive_barrier[owned]); }
     __device__ int slot_offset(int owned, int src, int owner) const {
         return (owned * (splits - 1) + (src < owner ? src : src - 1)) * Traits::kWarpStateBytes;
@@ -52,7 +43,7 @@ struct ClusterMerge {
     // fences the initialisations).
     __device__ void init_barriers() const {
         for (int owned = 0; owned < Traits::kConsumerWarps >> shift(); ++owned) {
-            evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * kPushedBytes));
+            evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * Traits::kWarpStateBytes));
         }
     }
 
@@ -78,7 +69,7 @@ struct ClusterMerge {
         // Every rank's barriers exist. Owners wait too, though on the card only a pusher needs to:
         // compute-sanitizer's racecheck follows a push only past the owner's own wait (NOTES.md,
         // runs 26-28). Not the producer warps: their wait after the loads hung the card (run 27).
-        if (!V5_DEV_EARLY_CLUSTER_WAIT) evo_sm90::cluster_wait();
+        evo_sm90::cluster_wait();
         probe.mark(trace::kMergeReady);
         if (owner != rank) {
             const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank, owner), owner);
@@ -87,7 +78,7 @@ struct ClusterMerge {
             evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], softmax.row_sum[0],
                               softmax.row_sum[1], remote_barrier);
             CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kPushedChunks - 1; ++i) {
+            for (int i = 0; i < kValues / 4; ++i) {
                 evo_sm90::push_v4(chunk_address(1 + i), values[4 * i], values[4 * i + 1], values[4 * i + 2],
                                   values[4 * i + 3], remote_barrier);
             }

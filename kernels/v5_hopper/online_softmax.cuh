@@ -24,21 +24,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
 #endif
 }
 
-// exp2 on the FMA pipe, where MUFU paces a step (16 results a clock an SM): 2^x = 2^round(x) *
-// 2^f, f in [-0.5, 0.5], the second a degree-3 minimax polynomial (relative error 7.5e-5, a third
-// of fp16's half ulp), the first added into the exponent bits. x is clamped to [-126, 64]: at the
-// top a NaN or an overflow still gives a sum past the optimistic vote's limit (its exact path
-// then runs on MUFU), at the bottom -inf gives 2^-126, which P's 16-bit conversion flushes to 0 and
-// a row sum of at least 2^-8 absorbs.
-__device__ __forceinline__ float exp2_fma(float x) {
-    x = fmaxf(fminf(x, 64.f), -126.f);
-    constexpr float kRound = 12582912.f;   // 1.5 * 2^23: x + kRound holds round(x) in its low bits
-    const float shifted = __fadd_rn(x, kRound);
-    const float f = __fsub_rn(x, __fsub_rn(shifted, kRound));
-    const float p = fmaf(fmaf(fmaf(0.05517167f, f, 0.24261113f), f, 0.69326097f), f, 0.99992806f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
-}
-
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
@@ -139,8 +124,8 @@ struct OnlineSoftmax {
         } else {
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < kRows; ++r) {
-                const float tile_sum = exponentiate_row<V5_DEV_POLY_EXP2>(s, r, scaled_max(row_max[r]),
-                                                                         [&](int c) -> float& { return p(r, c); });
+                const float tile_sum =
+                    exponentiate_row(s, r, scaled_max(row_max[r]), [&](int c) -> float& { return p(r, c); });
                 if (__all_sync(0xffffffff, tile_sum <= kOptimisticSumLimit)) {
                     o_scale[r] = 1.f;
                     row_sum[r] += tile_sum;
@@ -182,9 +167,7 @@ struct OnlineSoftmax {
     // out(c) = exp2(s(r, c) * scale_log2 - m_scaled) for row r; returns their sum, as kSumChains
     // independent FADD chains (one chain of 32 dependent adds sits on each warp's softmax path, like
     // the row maximum's did).
-    // kFma of each 16 columns (spread evenly) take exp2_fma: only the optimistic path, whose vote
-    // sends a NaN or an overflow to the exact path's MUFU exponentials.
-    template <int kFma = 0, class ScoresRowCol, class Out>
+    template <class ScoresRowCol, class Out>
     __device__ float exponentiate_row(ScoresRowCol const& s, int r, float m_scaled, Out&& out) const {
         constexpr int kCols = decltype(size<1>(s))::value;
         constexpr int kSums = kCols % kSumChains == 0 ? kSumChains : 1;
@@ -193,29 +176,9 @@ struct OnlineSoftmax {
         for (int j = 0; j < kSums; ++j) sums[j] = 0.f;
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < kCols; ++c) {
-            if constexpr (kFma > 0) {
-                const float x = fmaf(s(r, c), scale_log2, -m_scaled);
-                out(c) = (c % 16) * kFma % 16 >= 16 - kFma ? exp2_fma(x) : exp2_approx(x);
-            } else {
-                out(c) = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
-            }
+            out(c) = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
             sums[c % kSums] += out(c);
         }
-#if V5_DEV_TREE_SUM
-        // Development: the row's sum as a pairwise tree (depth 4 for 16 columns), so no add waits on
-        // an exponential issued just before it.
-        if constexpr (kSums == 1 && kCols >= 2 && (kCols & (kCols - 1)) == 0) {
-            float level[kCols / 2];
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < kCols / 2; ++c) level[c] = out(2 * c) + out(2 * c + 1);
-            CUTLASS_PRAGMA_UNROLL
-            for (int width = kCols / 4; width >= 1; width /= 2) {
-                CUTLASS_PRAGMA_UNROLL
-                for (int c = 0; c < width; ++c) level[c] = level[2 * c] + level[2 * c + 1];
-            }
-            return level[0];
-        }
-#endif
         float tile_sum = sums[0];
         CUTLASS_PRAGMA_UNROLL
         for (int j = 1; j < kSums; ++j) tile_sum += sums[j];

@@ -136,33 +136,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development only (not in variant.yaml): of each 16 columns of a row, how many the optimistic
-// softmax exponentiates on the FMA pipe instead of MUFU (online_softmax.cuh, exp2_fma).
-#ifndef V5_DEV_POLY_EXP2
-#define V5_DEV_POLY_EXP2 0
-#endif
-// Development only: each row's tile sum as a pairwise tree (online_softmax.cuh).
-#ifndef V5_DEV_TREE_SUM
-#define V5_DEV_TREE_SUM 0
-#endif
-// Development only: the split merge's cluster barrier waited on before the key loop (attention_kernel.cuh).
-#ifndef V5_DEV_EARLY_CLUSTER_WAIT
-#define V5_DEV_EARLY_CLUSTER_WAIT 0
-#endif
-// Development only: the split kernels issue each Q K^T right after the previous softmax (attention_kernel.cuh).
-#ifndef V5_DEV_EARLY_QK
-#define V5_DEV_EARLY_QK 0
-#endif
-// Development only: one optimistic vote for both of a thread's rows (online_softmax.cuh).
-#ifndef V5_DEV_ONE_VOTE
-#define V5_DEV_ONE_VOTE 0
-#endif
-// Development only: the split kernels rescale O and convert P under the next Q K^T (attention_kernel.cuh).
-#ifndef V5_DEV_CONVERT_UNDER_QK
-#define V5_DEV_CONVERT_UNDER_QK 0
-#endif
-// Development only (wrong results, a timing diagnostic): O chunks a split pusher sends (cluster_merge.cuh).
-#ifndef V5_DEV_PUSH_CHUNKS
-#define V5_DEV_PUSH_CHUNKS 0
-#endif
