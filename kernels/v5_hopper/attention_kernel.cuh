@@ -264,8 +264,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     Tensor o_rc = rowcol_view(tOrO);
     Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
     constexpr int kRows = decltype(size<0>(s_rc))::value;
-    // One optimistic vote for both of a thread's rows in the split kernels (OnlineSoftmax::update_optimistic).
-    constexpr bool kOneVote = Traits::kSplit;
+    // One optimistic vote for both of a thread's rows (OnlineSoftmax::update_optimistic) in the split
+    // kernels of one consumer warp group, where nothing else fills MUFU between the rows (the unsplit
+    // kernels measured 1.4-2% slower with it, and 128-key tiles spill).
+    constexpr bool kOneVote = Traits::kSplit && Traits::kConsumerWarpGroups == 1;
     // Ping-pong per mask kind: on the long non-causal D=128 shape the two groups issuing freely
     // measured 5% faster, on the causal ones 1-3% slower (NOTES.md, run 10).
     // One group (a 64-row split CTA) has no one to take turns with.
