@@ -19,7 +19,9 @@
 #include <cute/tensor.hpp>
 
 #include "sm90_cluster.cuh"
+#include "online_softmax.cuh"
 #include "trace.cuh"
+#include <cutlass/numeric_conversion.h>
 
 namespace v5_hopper {
 
@@ -34,6 +36,15 @@ struct ClusterMerge {
     // as a shift and a mask, no runtime division at entry or before the merge (NOTES.md, run 132).
     __device__ int shift() const { return evo_sm90::split_shift(splits); }
 
+#if V5_DEV_COMPACT_PUSH
+    // Development: a pusher sends O normalised by its rows' whole sums (bounded by the largest |V|)
+    // as 16-bit pairs of the kernel's element type, and those sums in the head: 1 + D/16 chunks
+    // where the float push takes 1 + D/8 (the push is bandwidth-paced: NOTES.md, run 163).
+    static constexpr int kPushedBytes = (1 + Traits::kHeadDim / 16) * 16 * 32;
+#else
+    static constexpr int kPushedBytes = Traits::kWarpStateBytes;
+#endif
+
     __device__ uint32_t barrier(int owned) const { return cute::cast_smem_ptr_to_uint(&shared.receive_barrier[owned]); }
     __device__ int slot_offset(int owned, int src, int owner) const {
         return (owned * (splits - 1) + (src < owner ? src : src - 1)) * Traits::kWarpStateBytes;
@@ -43,7 +54,7 @@ struct ClusterMerge {
     // fences the initialisations).
     __device__ void init_barriers() const {
         for (int owned = 0; owned < Traits::kConsumerWarps >> shift(); ++owned) {
-            evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * Traits::kWarpStateBytes));
+            evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * kPushedBytes));
         }
     }
 
@@ -75,6 +86,31 @@ struct ClusterMerge {
             const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank, owner), owner);
             const uint32_t remote_barrier = evo_sm90::map_to_rank(barrier(owned), owner);
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
+#if V5_DEV_COMPACT_PUSH
+            float total[2], inverse[2];
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < 2; ++r) {
+                total[r] = quad_sum(softmax.row_sum[r]);
+                float rcp;
+                asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(total[r]));
+                inverse[r] = total[r] > 0.f ? rcp : 0.f;   // a rank that met no key of the row sends 0
+            }
+            evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], total[0], total[1],
+                              remote_barrier);
+            cutlass::NumericArrayConverter<typename Traits::Element, float, 2> to_pair;
+            const auto pair = [&](int i) {   // values i and i + 1 (one row), normalised, as 32 bits
+                cutlass::Array<float, 2> two;
+                two[0] = values[i] * inverse[(i >> 1) & 1];
+                two[1] = values[i + 1] * inverse[(i >> 1) & 1];
+                const auto packed = to_pair(two);
+                return __uint_as_float(reinterpret_cast<uint32_t const&>(packed));
+            };
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kValues / 8; ++i) {
+                evo_sm90::push_v4(chunk_address(1 + i), pair(8 * i), pair(8 * i + 2), pair(8 * i + 4), pair(8 * i + 6),
+                                  remote_barrier);
+            }
+#else
             evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], softmax.row_sum[0],
                               softmax.row_sum[1], remote_barrier);
             CUTLASS_PRAGMA_UNROLL
@@ -82,6 +118,7 @@ struct ClusterMerge {
                 evo_sm90::push_v4(chunk_address(1 + i), values[4 * i], values[4 * i + 1], values[4 * i + 2],
                                   values[4 * i + 3], remote_barrier);
             }
+#endif
             probe.mark(trace::kMergeLanded);
             return false;
         }
@@ -93,6 +130,28 @@ struct ClusterMerge {
                 reinterpret_cast<const float4*>(shared.receive.data() + slot_offset(owned, src, rank)) + lane;
             const float4 head = chunks[0];
             const float other_max[2] = {head.x, head.y};
+#if V5_DEV_COMPACT_PUSH
+            // The head holds the other rank's whole sums: a quarter in each of the quad's four lanes
+            // keeps this lane's sum a share that inverse_sums' quad sum completes (exact: a power of 2).
+            const float other_sum[2] = {0.25f * head.z, 0.25f * head.w};
+            float mine_weight[2], other_weight[2];
+            softmax.fold(other_max, other_sum, mine_weight, other_weight);
+            const float scale[2] = {head.z * other_weight[0], head.w * other_weight[1]};
+            cutlass::NumericArrayConverter<float, typename Traits::Element, 2> from_pair;
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kValues / 8; ++i) {
+                const float4 packed = chunks[(1 + i) * 32];
+                const float words[4] = {packed.x, packed.y, packed.z, packed.w};
+                CUTLASS_PRAGMA_UNROLL
+                for (int w = 0; w < 4; ++w) {
+                    const uint32_t bits = __float_as_uint(words[w]);
+                    const auto two = from_pair(reinterpret_cast<cutlass::Array<typename Traits::Element, 2> const&>(bits));
+                    const int v = 8 * i + 2 * w;   // values v, v + 1: row (v >> 1) & 1
+                    values[v] = fmaf(values[v], mine_weight[w & 1], two[0] * scale[w & 1]);
+                    values[v + 1] = fmaf(values[v + 1], mine_weight[w & 1], two[1] * scale[w & 1]);
+                }
+            }
+#else
             const float other_sum[2] = {head.z, head.w};
             float mine_weight[2], other_weight[2];
             softmax.fold(other_max, other_sum, mine_weight, other_weight);
@@ -104,6 +163,7 @@ struct ClusterMerge {
                 values[4 * i + 2] = fmaf(values[4 * i + 2], mine_weight[1], other.z * other_weight[1]);
                 values[4 * i + 3] = fmaf(values[4 * i + 3], mine_weight[1], other.w * other_weight[1]);
             }
+#endif
         }
         return true;
     }

@@ -136,3 +136,9 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
+
+// Development only (not in variant.yaml): a split pusher sends O normalised, as 16-bit pairs
+// (cluster_merge.cuh).
+#ifndef V5_DEV_COMPACT_PUSH
+#define V5_DEV_COMPACT_PUSH 0
+#endif
