@@ -19,7 +19,6 @@
 #include <cute/tensor.hpp>
 
 #include "sm90_cluster.cuh"
-#include "online_softmax.cuh"
 #include "trace.cuh"
 #include <cutlass/numeric_conversion.h>
 
@@ -88,13 +87,7 @@ struct ClusterMerge {
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
 #if V5_DEV_COMPACT_PUSH
             float total[2], inverse[2];
-            CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < 2; ++r) {
-                total[r] = quad_sum(softmax.row_sum[r]);
-                float rcp;
-                asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(total[r]));
-                inverse[r] = total[r] > 0.f ? rcp : 0.f;   // a rank that met no key of the row sends 0
-            }
+            softmax.inverse_sums(inverse, total);   // a rank that met no key of a row sends 0 for it
             evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], total[0], total[1],
                               remote_barrier);
             cutlass::NumericArrayConverter<typename Traits::Element, float, 2> to_pair;

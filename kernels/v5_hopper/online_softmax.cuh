@@ -225,14 +225,19 @@ struct OnlineSoftmax {
     // (rcp.approx.ftz, within 1 ulp, far below O's 16-bit rounding) where the IEEE division is a
     // range check, a branch and a called slow path on the tail every call waits for (NOTES.md,
     // runs 134 and 136-137).
-    __device__ void inverse_sums(float (&inv)[kRows]) const {
+    // `whole` gets the rows' whole sums (the quad's shares added).
+    __device__ void inverse_sums(float (&inv)[kRows], float (&whole)[kRows]) const {
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
-            const float sum = quad_sum(row_sum[r]);
+            whole[r] = quad_sum(row_sum[r]);
             float rcp;
-            asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(sum));
-            inv[r] = sum > 0.f ? rcp : 0.f;
+            asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(whole[r]));
+            inv[r] = whole[r] > 0.f ? rcp : 0.f;
         }
+    }
+    __device__ void inverse_sums(float (&inv)[kRows]) const {
+        float whole[kRows];
+        inverse_sums(inv, whole);
     }
 };
 

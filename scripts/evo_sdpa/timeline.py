@@ -79,29 +79,30 @@ def summarize_call(trace: dict, row: int, previous_row: int | None) -> dict:
         summary["previous_exit_to_first_past_wait_ns"] = int(_column(ns, "past_wait").min() - previous_exit)
         summary["previous_exit_to_first_entry_ns"] = int(entry.min() - previous_exit)
         summary["period_ns"] = int(exit_.max() - previous_exit)
+    # A split cluster's ranks do different things at the merge (the owner waits, a pusher sends):
+    # each step's median cycles per rank as well.
+    ranks = ns[:, len(POINTS)] >> 32
     steps = {}
+    by_rank = {str(int(rank)): {} for rank in np.unique(ranks)} if ranks.max() > 0 else {}
     for start, end in STEPS:
         recorded = (_column(ns, start) > 0) & (_column(ns, end) > 0)
         if not recorded.any():
             continue
+        name = f"{start}->{end}"
+        all_cyc = _column(cycles, end) - _column(cycles, start)
         d_ns = (_column(ns, end) - _column(ns, start))[recorded]
-        d_cyc = (_column(cycles, end) - _column(cycles, start))[recorded]
-        steps[f"{start}->{end}"] = {"ctas": int(recorded.sum()), "median_ns": float(np.median(d_ns)),
-                                    "min_ns": int(d_ns.min()), "max_ns": int(d_ns.max()),
-                                    "median_cycles": float(np.median(d_cyc)), "min_cycles": int(d_cyc.min()),
-                                    "max_cycles": int(d_cyc.max())}
+        d_cyc = all_cyc[recorded]
+        steps[name] = {"ctas": int(recorded.sum()), "median_ns": float(np.median(d_ns)),
+                       "min_ns": int(d_ns.min()), "max_ns": int(d_ns.max()),
+                       "median_cycles": float(np.median(d_cyc)), "min_cycles": int(d_cyc.min()),
+                       "max_cycles": int(d_cyc.max())}
+        for rank, rank_steps in by_rank.items():
+            in_rank = recorded & (ranks == int(rank))
+            if in_rank.any():
+                rank_steps[name] = float(np.median(all_cyc[in_rank]))
     summary["steps"] = steps
-    # A split cluster's ranks do different things at the merge (the owner waits, a pusher sends):
-    # each step's median cycles per rank.
-    ranks = ns[:, len(POINTS)] >> 32
-    if ranks.max() > 0:
-        summary["median_cycles_by_rank"] = {
-            str(rank): {f"{start}->{end}": float(np.median(d[ok]))
-                        for start, end in STEPS
-                        for d, ok in [((_column(cycles, end) - _column(cycles, start)),
-                                       (ranks == rank) & (_column(ns, start) > 0) & (_column(ns, end) > 0))]
-                        if ok.any()}
-            for rank in sorted({int(r) for r in ranks})}
+    if by_rank:
+        summary["median_cycles_by_rank"] = by_rank
     return summary
 
 
