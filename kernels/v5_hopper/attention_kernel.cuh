@@ -392,6 +392,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         if (!turn.is_last()) turn.pass();
         if (tile_count == 0) probe.mark(trace::kLastPvIssued);
+        // A split CTA's whole sums, for its push or its fold, under the last P V.
+        [[maybe_unused]] float whole[kRows];
+        if constexpr (Traits::kSplit) softmax.whole_sums(whole);
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         if (tile_count == 0) probe.mark(trace::kLastPv);
@@ -402,15 +405,15 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             // grid still needs: v4_pipelined's NOTES.md, runs 6-7).
             if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
             const ClusterMerge<Traits> cluster{shared, params.key_splits};
-            const bool owner = cluster.merge(softmax, o_rc, consumer_thread / 32, consumer_thread % 32,
+            const bool owner = cluster.merge(softmax, whole, o_rc, consumer_thread / 32, consumer_thread % 32,
                                               tile_count == 0 ? probe : trace::Probe{});
             if (tile_count == 0) probe.mark(trace::kMerged);
-            if (!owner) return;
+            if (!owner) return;   // the owner's O comes back normalised
+        } else {
+            float inv_sum[kRows];
+            softmax.inverse_sums(inv_sum);
+            scale_rows(o_rc, inv_sum);
         }
-
-        float inv_sum[kRows];
-        softmax.inverse_sums(inv_sum);
-        scale_rows(o_rc, inv_sum);
         if constexpr (Traits::kTmaEpilogue) {
             store_slab_tma<Traits>(tOrO, params, shared, tile, turn.group,
                                    consumer_thread % cutlass::NumThreadsPerWarpGroup);

@@ -19,6 +19,7 @@
 #include <cute/tensor.hpp>
 
 #include "sm90_cluster.cuh"
+#include "online_softmax.cuh"
 #include "trace.cuh"
 #include <cutlass/numeric_conversion.h>
 
@@ -35,34 +36,39 @@ struct ClusterMerge {
     // as a shift and a mask, no runtime division at entry or before the merge (NOTES.md, run 132).
     __device__ int shift() const { return evo_sm90::split_shift(splits); }
 
-#if V5_DEV_COMPACT_PUSH
-    // Development: a pusher sends O normalised by its rows' whole sums (bounded by the largest |V|)
-    // as 16-bit pairs of the kernel's element type, and those sums in the head: 1 + D/16 chunks
-    // where the float push takes 1 + D/8 (the push is bandwidth-paced: NOTES.md, run 163).
-    static constexpr int kPushedBytes = (1 + Traits::kHeadDim / 16) * 16 * 32;
-#else
-    static constexpr int kPushedBytes = Traits::kWarpStateBytes;
-#endif
-
-    __device__ uint32_t barrier(int owned) const { return cute::cast_smem_ptr_to_uint(&shared.receive_barrier[owned]); }
-    __device__ int slot_offset(int owned, int src, int owner) const {
-        return (owned * (splits - 1) + (src < owner ? src : src - 1)) * Traits::kWarpStateBytes;
+    __device__ uint32_t barrier(int owned, int landing = 0) const {
+        return cute::cast_smem_ptr_to_uint(&shared.receive_barrier[owned * Traits::kLandings + landing]);
+    }
+    // The slot of the owner's `other`-th other rank (ranks in order, the owner left out).
+    __device__ int slot_offset(int owned, int other) const {
+        return (owned * (splits - 1) + other) * Traits::kWarpStateBytes;
     }
 
     // Entry, thread 0: one receive barrier per owned warp, expecting S - 1 states (the caller
     // fences the initialisations).
     __device__ void init_barriers() const {
         for (int owned = 0; owned < Traits::kConsumerWarps >> shift(); ++owned) {
-            evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * kPushedBytes));
+#if V5_DEV_LANDING_HALVES || V5_DEV_COMPACT_PUSH
+            constexpr int kChunkBytes = 16 * 32;
+            evo_sm90::init_receive_barrier(barrier(owned, 0), uint32_t((splits - 1) * Traits::kFirstLanding * kChunkBytes));
+            if (Traits::kLandings == 2) {
+                evo_sm90::init_receive_barrier(
+                    barrier(owned, 1), uint32_t((splits - 1) * (Traits::kPushedChunks - Traits::kFirstLanding) * kChunkBytes));
+            }
+#else
+            evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * Traits::kWarpStateBytes));
+#endif
         }
     }
 
-    // After the key loop, by every consumer warp (`warp` 0.. over the consumer warp groups): returns
-    // true in the owner of the warp's rows, whose softmax state and O then cover every key (it
-    // stores them); false elsewhere, where the warp has pushed its state and is done.
+    // After the key loop, by every consumer warp (`warp` 0.. over the consumer warp groups), with the
+    // rows' whole sums (`whole`, the quad's shares added): returns true in the owner of the warp's
+    // rows, whose O then covers every key, normalised (it stores them); false elsewhere, where the
+    // warp has pushed its state (maxima, whole sums, unnormalised O) and is done.
     template <class Softmax, class AccRowCol>
-    __device__ bool merge(Softmax& softmax, AccRowCol& o, int warp, int lane, trace::Probe probe = {}) const {
-        static_assert(Softmax::kRowsPerThread == 2, "chunk 0 holds two rows' max and sum");
+    __device__ bool merge(Softmax const& softmax, float (&whole)[2], AccRowCol& o, int warp, int lane,
+                          trace::Probe probe = {}) const {
+        static_assert(Softmax::kRowsPerThread == 2, "chunk 0 holds two rows' max and whole sum");
         // O travels in its registers' order: chunk 1 + i holds values 4i..4i+3, a column pair of row
         // 0 and the same pair of row 1 (the accumulator's order, checked here); in row/column order
         // each chunk gathered four registers that are not neighbours (NOTES.md, run 48).
@@ -82,34 +88,44 @@ struct ClusterMerge {
         evo_sm90::cluster_wait();
         probe.mark(trace::kMergeReady);
         if (owner != rank) {
-            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank, owner), owner);
+            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank < owner ? rank : rank - 1), owner);
             const uint32_t remote_barrier = evo_sm90::map_to_rank(barrier(owned), owner);
+#if V5_DEV_LANDING_HALVES
+            const uint32_t remote_second = evo_sm90::map_to_rank(barrier(owned, 1), owner);
+#endif
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
-#if V5_DEV_COMPACT_PUSH
-            float total[2], inverse[2];
-            softmax.inverse_sums(inverse, total);   // a rank that met no key of a row sends 0 for it
-            evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], total[0], total[1],
+            evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1],
                               remote_barrier);
+#if V5_DEV_COMPACT_PUSH
+            const float inverse[2] = {inverse_or_zero(whole[0]), inverse_or_zero(whole[1])};
             cutlass::NumericArrayConverter<typename Traits::Element, float, 2> to_pair;
-            const auto pair = [&](int i) {   // values i and i + 1 (one row), normalised, as 32 bits
+            const auto pair = [&](int v) {   // values v and v + 1 (one row), normalised, as 32 bits
                 cutlass::Array<float, 2> two;
-                two[0] = values[i] * inverse[(i >> 1) & 1];
-                two[1] = values[i + 1] * inverse[(i >> 1) & 1];
+                two[0] = values[v] * inverse[(v >> 1) & 1];
+                two[1] = values[v + 1] * inverse[(v >> 1) & 1];
                 const auto packed = to_pair(two);
                 return __uint_as_float(reinterpret_cast<uint32_t const&>(packed));
             };
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kValues / 8; ++i) {
+#if V5_DEV_LANDING_HALVES
+                const uint32_t landing = 1 + i < Traits::kFirstLanding ? remote_barrier : remote_second;
+#else
+                const uint32_t landing = remote_barrier;
+#endif
                 evo_sm90::push_v4(chunk_address(1 + i), pair(8 * i), pair(8 * i + 2), pair(8 * i + 4), pair(8 * i + 6),
-                                  remote_barrier);
+                                  landing);
             }
 #else
-            evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], softmax.row_sum[0],
-                              softmax.row_sum[1], remote_barrier);
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kValues / 4; ++i) {
+#if V5_DEV_LANDING_HALVES
+                const uint32_t landing = 1 + i < Traits::kFirstLanding ? remote_barrier : remote_second;
+#else
+                const uint32_t landing = remote_barrier;
+#endif
                 evo_sm90::push_v4(chunk_address(1 + i), values[4 * i], values[4 * i + 1], values[4 * i + 2],
-                                  values[4 * i + 3], remote_barrier);
+                                  values[4 * i + 3], landing);
             }
 #endif
             probe.mark(trace::kMergeLanded);
@@ -117,48 +133,98 @@ struct ClusterMerge {
         }
         evo_sm90::wait_barrier<0>(barrier(owned));
         probe.mark(trace::kMergeLanded);
-        for (int src = 0; src < splits; ++src) {
-            if (src == rank) continue;
-            const float4* chunks =
-                reinterpret_cast<const float4*>(shared.receive.data() + slot_offset(owned, src, rank)) + lane;
-            const float4 head = chunks[0];
-            const float other_max[2] = {head.x, head.y};
+        finish(softmax, values, whole, owned, lane);
+        return true;
+    }
+
+    // The owner's fold of every other rank's state into its own, O left normalised: the rows'
+    // maximum m over every state first, then each state's weight 2^(its max - m) with 1/(the rows'
+    // whole sum) taken into it, so O is read and written once after the states land (a fold, then
+    // the quad's sum and the rows' scale, were three dependent steps there). Unrolled over the most
+    // others a cluster has, each guarded by the cluster's count: a loop over them, each weight taken
+    // again where it is needed, is 160 instructions shorter at D=64 and 0.07 us slower on the mission
+    // shape (NOTES.md, run 168). `own_whole`: this rank's whole sums.
+    template <class Softmax>
+    __device__ void finish(Softmax const& softmax, float* values, float const (&own_whole)[2], int owned,
+                           int lane) const {
+        constexpr int kValues = (Traits::kSplitChunks - 1) * 4;   // O's values in this thread
+        constexpr int kMostOthers = Traits::kMaxSplits - 1;
+        const int others = splits - 1;
+        const auto chunks = [&](int other) {   // the other's slots: chunk c of this lane at [c * 32]
+            return reinterpret_cast<const float4*>(shared.receive.data() + slot_offset(owned, other)) + lane;
+        };
+        float4 head[kMostOthers];
+        float m[2] = {softmax.row_max[0], softmax.row_max[1]};
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kMostOthers; ++i) {
+            if (i < others) {
+                head[i] = chunks(i)[0];
+                m[0] = fmaxf(m[0], head[i].x);
+                m[1] = fmaxf(m[1], head[i].y);
+            }
+        }
+        float mine[2], other[kMostOthers][2];
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < 2; ++r) {
+            const float base = softmax.scaled_max(m[r]);   // a row no rank met a key of: weights 0, not NaN
+            mine[r] = exp2_approx(fmaf(softmax.row_max[r], softmax.scale_log2, -base));
+            float whole = own_whole[r] * mine[r];
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kMostOthers; ++i) {
+                if (i < others) {
+                    other[i][r] = exp2_approx(fmaf(r == 0 ? head[i].x : head[i].y, softmax.scale_log2, -base));
+                    whole = fmaf(r == 0 ? head[i].z : head[i].w, other[i][r], whole);
+                }
+            }
+            const float inverse = inverse_or_zero(whole);
+            mine[r] *= inverse;
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kMostOthers; ++i) {
 #if V5_DEV_COMPACT_PUSH
-            // The head holds the other rank's whole sums: a quarter in each of the quad's four lanes
-            // keeps this lane's sum a share that inverse_sums' quad sum completes (exact: a power of 2).
-            const float other_sum[2] = {0.25f * head.z, 0.25f * head.w};
-            float mine_weight[2], other_weight[2];
-            softmax.fold(other_max, other_sum, mine_weight, other_weight);
-            const float scale[2] = {head.z * other_weight[0], head.w * other_weight[1]};
+                // The pushed O is normalised by its rank's whole sum: weighted back by it here.
+                if (i < others) other[i][r] *= inverse * (r == 0 ? head[i].z : head[i].w);
+#else
+                if (i < others) other[i][r] *= inverse;
+#endif
+            }
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int v = 0; v < kValues; ++v) values[v] *= mine[(v >> 1) & 1];   // values 4i, 4i+1 row 0; 4i+2, 4i+3 row 1
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kMostOthers; ++i) {
+            if (i >= others) continue;
+#if V5_DEV_COMPACT_PUSH
             cutlass::NumericArrayConverter<float, typename Traits::Element, 2> from_pair;
             CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kValues / 8; ++i) {
-                const float4 packed = chunks[(1 + i) * 32];
+            for (int c = 0; c < kValues / 8; ++c) {
+#if V5_DEV_LANDING_HALVES
+                if (1 + c == Traits::kFirstLanding && i == 0) evo_sm90::wait_barrier<0>(barrier(owned, 1));
+#endif
+                const float4 packed = chunks(i)[(1 + c) * 32];
                 const float words[4] = {packed.x, packed.y, packed.z, packed.w};
                 CUTLASS_PRAGMA_UNROLL
                 for (int w = 0; w < 4; ++w) {
                     const uint32_t bits = __float_as_uint(words[w]);
                     const auto two = from_pair(reinterpret_cast<cutlass::Array<typename Traits::Element, 2> const&>(bits));
-                    const int v = 8 * i + 2 * w;   // values v, v + 1: row (v >> 1) & 1
-                    values[v] = fmaf(values[v], mine_weight[w & 1], two[0] * scale[w & 1]);
-                    values[v + 1] = fmaf(values[v + 1], mine_weight[w & 1], two[1] * scale[w & 1]);
+                    const int v = 8 * c + 2 * w;   // values v, v + 1: row w & 1
+                    values[v] = fmaf(two[0], other[i][w & 1], values[v]);
+                    values[v + 1] = fmaf(two[1], other[i][w & 1], values[v + 1]);
                 }
             }
 #else
-            const float other_sum[2] = {head.z, head.w};
-            float mine_weight[2], other_weight[2];
-            softmax.fold(other_max, other_sum, mine_weight, other_weight);
             CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kValues / 4; ++i) {
-                const float4 other = chunks[(1 + i) * 32];
-                values[4 * i] = fmaf(values[4 * i], mine_weight[0], other.x * other_weight[0]);
-                values[4 * i + 1] = fmaf(values[4 * i + 1], mine_weight[0], other.y * other_weight[0]);
-                values[4 * i + 2] = fmaf(values[4 * i + 2], mine_weight[1], other.z * other_weight[1]);
-                values[4 * i + 3] = fmaf(values[4 * i + 3], mine_weight[1], other.w * other_weight[1]);
+            for (int c = 0; c < kValues / 4; ++c) {
+#if V5_DEV_LANDING_HALVES
+                if (1 + c == Traits::kFirstLanding && i == 0) evo_sm90::wait_barrier<0>(barrier(owned, 1));
+#endif
+                const float4 o = chunks(i)[(1 + c) * 32];
+                values[4 * c] = fmaf(o.x, other[i][0], values[4 * c]);
+                values[4 * c + 1] = fmaf(o.y, other[i][0], values[4 * c + 1]);
+                values[4 * c + 2] = fmaf(o.z, other[i][1], values[4 * c + 2]);
+                values[4 * c + 3] = fmaf(o.w, other[i][1], values[4 * c + 3]);
             }
 #endif
         }
-        return true;
     }
 };
 

@@ -133,7 +133,7 @@ struct KernelTraits {
 
     // The receive side of a cluster split of S (2 or 4) ranks: warp w's rows are finished by rank
     // w % S, which takes the other S - 1 ranks' states of them into slots of kWarpBytes each: chunk
-    // 0 of a lane holds its two rows' maxima and sums, chunks 1.. its O accumulator, 16 bytes each,
+    // 0 of a lane holds its two rows' maxima and whole sums, chunks 1.. its O accumulator, 16 bytes each,
     // chunk c of lane l at byte (c * 32 + l) * 16 of the slot. Sized for the most slots (S = 4) and
     // the most owned warps (S = 2).
     static constexpr int kConsumerWarps = kConsumerThreads / 32;
@@ -142,6 +142,10 @@ struct KernelTraits {
     static constexpr int kWarpStateBytes = kSplitChunks * 16 * 32;
     static constexpr int kReceiveSlots = kConsumerWarps - kConsumerWarps / kMaxSplits;
     static constexpr int kMostOwnedWarps = kConsumerWarps / 2;
+    // Barriers an owned warp's states land on: chunks [0, kFirstLanding) on the first (V5_DEV_LANDING_HALVES).
+    static constexpr int kPushedChunks = V5_DEV_COMPACT_PUSH ? 1 + kHeadDim / 16 : kSplitChunks;
+    static constexpr int kLandings = V5_DEV_LANDING_HALVES ? 2 : 1;
+    static constexpr int kFirstLanding = V5_DEV_LANDING_HALVES ? 1 + (kPushedChunks - 1) / 2 : kPushedChunks;
 
     using Pipeline = cutlass::PipelineTmaAsync<kStages>;
     using BarrierQ = cutlass::arch::ClusterTransactionBarrier;   // Q's TMA completes on it
@@ -161,7 +165,7 @@ struct KernelTraits {
         typename BarrierQ::ValueType barrier_q[kBuffers];              // Q landed (TMA bytes)
         typename BarrierQEmpty::ValueType barrier_q_empty[kBuffers];   // Q read by every consumer
         cute::array_aligned<char, kSplit ? kReceiveSlots * kWarpStateBytes : 16, 16> receive;
-        uint64_t receive_barrier[kSplit ? kMostOwnedWarps : 1];           // an owned warp's slots filled
+        uint64_t receive_barrier[kSplit ? kMostOwnedWarps * kLandings : 1];   // an owned warp's slots filled
 #if V5_HOPPER_TRACE
         trace::Row trace_row;   // the diagnostic build's probes, copied out at the CTA's end
 #endif

@@ -34,6 +34,16 @@ __device__ __forceinline__ float quad_sum(float x) {
     return x + __shfl_xor_sync(0xffffffff, x, 2);
 }
 
+// 1 / a row's whole sum; 0 for a row that met no key (a padding row past S). One MUFU.RCP
+// (rcp.approx.ftz, within 1 ulp, far below O's 16-bit rounding) where the IEEE division is a
+// range check, a branch and a called slow path on the tail every call waits for (NOTES.md,
+// runs 134 and 136-137).
+__device__ __forceinline__ float inverse_or_zero(float whole) {
+    float rcp;
+    asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(whole));
+    return whole > 0.f ? rcp : 0.f;
+}
+
 // kMaxChains, kSumChains: independent FMNMX chains per row maximum and FADD chains per tile sum
 // (1 or 4 each; tunables, the first per head dim). kLazy: lazy rescaling (below; lazy_rescale).
 template <int kRows, int kMaxChains, int kSumChains, bool kLazy>
@@ -204,40 +214,18 @@ struct OnlineSoftmax {
         return m;
     }
 
-    // Folds another state of the same rows over other keys (a cluster split's other rank: its
-    // maxima and this lane's partial sums) into this one: m = max of both, each sum weighted by
-    // 2^(its max - m). Returns the weights of this O and of the other's in `mine` and `other`.
-    // A row neither side has seen a key of keeps max -inf (base 0: weights 0, not NaN).
-    __device__ void fold(float const (&other_max)[kRows], float const (&other_sum)[kRows], float (&mine)[kRows],
-                         float (&other)[kRows]) {
+    // Each row's whole sum: the quad's shares added.
+    __device__ void whole_sums(float (&whole)[kRows]) const {
         CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-            const float m = fmaxf(row_max[r], other_max[r]);
-            const float base = m == -INFINITY ? 0.f : m * scale_log2;
-            mine[r] = exp2_approx(fmaf(row_max[r], scale_log2, -base));
-            other[r] = exp2_approx(fmaf(other_max[r], scale_log2, -base));
-            row_max[r] = m;
-            row_sum[r] = fmaf(row_sum[r], mine[r], other_sum[r] * other[r]);
-        }
+        for (int r = 0; r < kRows; ++r) whole[r] = quad_sum(row_sum[r]);
     }
 
-    // 1 / (the row's whole sum); 0 for a row that met no key (a padding row past S). One MUFU.RCP
-    // (rcp.approx.ftz, within 1 ulp, far below O's 16-bit rounding) where the IEEE division is a
-    // range check, a branch and a called slow path on the tail every call waits for (NOTES.md,
-    // runs 134 and 136-137).
-    // `whole` gets the rows' whole sums (the quad's shares added).
-    __device__ void inverse_sums(float (&inv)[kRows], float (&whole)[kRows]) const {
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-            whole[r] = quad_sum(row_sum[r]);
-            float rcp;
-            asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(rcp) : "f"(whole[r]));
-            inv[r] = whole[r] > 0.f ? rcp : 0.f;
-        }
-    }
+    // 1 / (each row's whole sum), inverse_or_zero.
     __device__ void inverse_sums(float (&inv)[kRows]) const {
         float whole[kRows];
-        inverse_sums(inv, whole);
+        whole_sums(whole);
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kRows; ++r) inv[r] = inverse_or_zero(whole[r]);
     }
 };
 
