@@ -399,30 +399,41 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         warpgroup_fence_operand(tOrO);
         if (tile_count == 0) probe.mark(trace::kLastPv);
         release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
+        // O's rows from registers (the split kernels, and tma_epilogue 0), columns [begin, end) of the
+        // row view (end -1: to the last).
+        Tensor coord_o = rowcol_view(thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{}))));
+        const int row0 = tile.m_block * Traits::kBlockM;
+        Element* o_tile =
+            params.o + ((int64_t(tile.batch) * params.heads + tile.head) * params.seq_len + row0) * Traits::kHeadDim;
+        const auto store_columns = [&](auto begin, auto end) {
+            store_rows<Traits::kHeadDim, decltype(begin)::value, decltype(end)::value>(o_rc, coord_o, o_tile,
+                                                                                      params.seq_len - row0);
+        };
         if constexpr (Traits::kSplit) {
             // The next grid may start launching once every CTA has passed its key loop (at D=64 it
             // was let in after the first softmax, above; at entry, its CTAs would wait on SMs this
             // grid still needs: v4_pipelined's NOTES.md, runs 6-7).
             if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
             const ClusterMerge<Traits> cluster{shared, params.key_splits};
+            // The owner's O comes back normalised. It stores the first half of the columns between its
+            // two landings, under the second half's flight (NOTES.md, run 170), and the rest after.
+            constexpr int kFirstColumns = 2 * (Traits::kFirstLanding - 1);   // chunk 1 + i: columns 2i, 2i + 1
             const bool owner = cluster.merge(softmax, whole, o_rc, consumer_thread / 32, consumer_thread % 32,
-                                              tile_count == 0 ? probe : trace::Probe{});
+                                              tile_count == 0 ? probe : trace::Probe{},
+                                              [&] { store_columns(Int<0>{}, Int<kFirstColumns>{}); });
             if (tile_count == 0) probe.mark(trace::kMerged);
-            if (!owner) return;   // the owner's O comes back normalised
+            if (!owner) return;
+            store_columns(Int<kFirstColumns>{}, Int<-1>{});
         } else {
             float inv_sum[kRows];
             softmax.inverse_sums(inv_sum);
             scale_rows(o_rc, inv_sum);
-        }
-        if constexpr (Traits::kTmaEpilogue) {
-            store_slab_tma<Traits>(tOrO, params, shared, tile, turn.group,
-                                   consumer_thread % cutlass::NumThreadsPerWarpGroup);
-        } else {
-            Tensor coord_o = rowcol_view(thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{}))));
-            const int row0 = tile.m_block * Traits::kBlockM;
-            Element* o_tile =
-                params.o + ((int64_t(tile.batch) * params.heads + tile.head) * params.seq_len + row0) * Traits::kHeadDim;
-            store_rows<Traits::kHeadDim>(o_rc, coord_o, o_tile, params.seq_len - row0);
+            if constexpr (Traits::kTmaEpilogue) {
+                store_slab_tma<Traits>(tOrO, params, shared, tile, turn.group,
+                                       consumer_thread % cutlass::NumThreadsPerWarpGroup);
+            } else {
+                store_columns(Int<0>{}, Int<-1>{});
+            }
         }
         if (tile_count == 0) probe.mark(trace::kStoreIssued);
     }

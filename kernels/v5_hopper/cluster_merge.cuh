@@ -5,9 +5,11 @@
 //
 // The merge is pushed: the rows of consumer warp w are finished by rank w % S, its owner; every
 // other rank's warp w writes its state with st.async into the owner's receive slots, counted in
-// bytes on the owner's barrier for that warp, and is done. The owner waits on that barrier, folds
-// the S - 1 states from its own shared memory and stores its rows. No global scratch and no fence
-// (v4_pipelined's NOTES.md, run 5: pulling through distributed shared memory cost ~1 us per rank).
+// bytes on the owner's two barriers for that warp (the head and the first half of O on one, the
+// rest on the other), and is done. The owner waits on the first, folds that half of the S - 1
+// states from its own shared memory while the rest is in flight, then waits on the second, folds
+// it and stores its rows. No global scratch and no fence (v4_pipelined's NOTES.md, run 5: pulling
+// through distributed shared memory cost ~1 us per rank).
 //
 // Ordering: thread 0 initialises the receive barriers at entry (each arrival made with the bytes it
 // expects) and every thread arrives on the cluster barrier; every consumer warp waits on that
@@ -21,7 +23,6 @@
 #include "sm90_cluster.cuh"
 #include "online_softmax.cuh"
 #include "trace.cuh"
-#include <cutlass/numeric_conversion.h>
 
 namespace v5_hopper {
 
@@ -32,11 +33,13 @@ struct ClusterMerge {
     typename Traits::SharedStorage& shared;
     int splits;
 
+    static constexpr int kChunkBytes = 16 * 32;   // a chunk: 16 bytes in each of a warp's lanes
+
     // splits is a power of two (cluster_splits halves from kMaxSplits): warp / splits and warp % splits
     // as a shift and a mask, no runtime division at entry or before the merge (NOTES.md, run 132).
     __device__ int shift() const { return evo_sm90::split_shift(splits); }
 
-    __device__ uint32_t barrier(int owned, int landing = 0) const {
+    __device__ uint32_t barrier(int owned, int landing) const {
         return cute::cast_smem_ptr_to_uint(&shared.receive_barrier[owned * Traits::kLandings + landing]);
     }
     // The slot of the owner's `other`-th other rank (ranks in order, the owner left out).
@@ -44,20 +47,13 @@ struct ClusterMerge {
         return (owned * (splits - 1) + other) * Traits::kWarpStateBytes;
     }
 
-    // Entry, thread 0: one receive barrier per owned warp, expecting S - 1 states (the caller
-    // fences the initialisations).
+    // Entry, thread 0: two receive barriers per owned warp, expecting their chunks of S - 1 states
+    // (the caller fences the initialisations).
     __device__ void init_barriers() const {
         for (int owned = 0; owned < Traits::kConsumerWarps >> shift(); ++owned) {
-#if V5_DEV_LANDING_HALVES || V5_DEV_COMPACT_PUSH
-            constexpr int kChunkBytes = 16 * 32;
             evo_sm90::init_receive_barrier(barrier(owned, 0), uint32_t((splits - 1) * Traits::kFirstLanding * kChunkBytes));
-            if (Traits::kLandings == 2) {
-                evo_sm90::init_receive_barrier(
-                    barrier(owned, 1), uint32_t((splits - 1) * (Traits::kPushedChunks - Traits::kFirstLanding) * kChunkBytes));
-            }
-#else
-            evo_sm90::init_receive_barrier(barrier(owned), uint32_t((splits - 1) * Traits::kWarpStateBytes));
-#endif
+            evo_sm90::init_receive_barrier(
+                barrier(owned, 1), uint32_t((splits - 1) * (Traits::kSplitChunks - Traits::kFirstLanding) * kChunkBytes));
         }
     }
 
@@ -65,9 +61,11 @@ struct ClusterMerge {
     // rows' whole sums (`whole`, the quad's shares added): returns true in the owner of the warp's
     // rows, whose O then covers every key, normalised (it stores them); false elsewhere, where the
     // warp has pushed its state (maxima, whole sums, unnormalised O) and is done.
-    template <class Softmax, class AccRowCol>
-    __device__ bool merge(Softmax const& softmax, float (&whole)[2], AccRowCol& o, int warp, int lane,
-                          trace::Probe probe = {}) const {
+    // `first_half()` runs in the owner once the first half of O (chunks below kFirstLanding) is
+    // final, before the second landing.
+    template <class Softmax, class AccRowCol, class FirstHalf>
+    __device__ bool merge(Softmax const& softmax, float const (&whole)[2], AccRowCol& o, int warp, int lane,
+                          trace::Probe probe, FirstHalf&& first_half) const {
         static_assert(Softmax::kRowsPerThread == 2, "chunk 0 holds two rows' max and whole sum");
         // O travels in its registers' order: chunk 1 + i holds values 4i..4i+3, a column pair of row
         // 0 and the same pair of row 1 (the accumulator's order, checked here); in row/column order
@@ -89,64 +87,36 @@ struct ClusterMerge {
         probe.mark(trace::kMergeReady);
         if (owner != rank) {
             const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank < owner ? rank : rank - 1), owner);
-            const uint32_t remote_barrier = evo_sm90::map_to_rank(barrier(owned), owner);
-#if V5_DEV_LANDING_HALVES
-            const uint32_t remote_second = evo_sm90::map_to_rank(barrier(owned, 1), owner);
-#endif
+            const uint32_t first = evo_sm90::map_to_rank(barrier(owned, 0), owner);
+            const uint32_t second = evo_sm90::map_to_rank(barrier(owned, 1), owner);
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
-            evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1],
-                              remote_barrier);
-#if V5_DEV_COMPACT_PUSH
-            const float inverse[2] = {inverse_or_zero(whole[0]), inverse_or_zero(whole[1])};
-            cutlass::NumericArrayConverter<typename Traits::Element, float, 2> to_pair;
-            const auto pair = [&](int v) {   // values v and v + 1 (one row), normalised, as 32 bits
-                cutlass::Array<float, 2> two;
-                two[0] = values[v] * inverse[(v >> 1) & 1];
-                two[1] = values[v + 1] * inverse[(v >> 1) & 1];
-                const auto packed = to_pair(two);
-                return __uint_as_float(reinterpret_cast<uint32_t const&>(packed));
-            };
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kValues / 8; ++i) {
-#if V5_DEV_LANDING_HALVES
-                const uint32_t landing = 1 + i < Traits::kFirstLanding ? remote_barrier : remote_second;
-#else
-                const uint32_t landing = remote_barrier;
-#endif
-                evo_sm90::push_v4(chunk_address(1 + i), pair(8 * i), pair(8 * i + 2), pair(8 * i + 4), pair(8 * i + 6),
-                                  landing);
-            }
-#else
+            evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1], first);
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kValues / 4; ++i) {
-#if V5_DEV_LANDING_HALVES
-                const uint32_t landing = 1 + i < Traits::kFirstLanding ? remote_barrier : remote_second;
-#else
-                const uint32_t landing = remote_barrier;
-#endif
                 evo_sm90::push_v4(chunk_address(1 + i), values[4 * i], values[4 * i + 1], values[4 * i + 2],
-                                  values[4 * i + 3], landing);
+                                  values[4 * i + 3], 1 + i < Traits::kFirstLanding ? first : second);
             }
-#endif
             probe.mark(trace::kMergeLanded);
             return false;
         }
-        evo_sm90::wait_barrier<0>(barrier(owned));
+        evo_sm90::wait_barrier<0>(barrier(owned, 0));
         probe.mark(trace::kMergeLanded);
-        finish(softmax, values, whole, owned, lane);
+        finish(softmax, values, whole, owned, lane, first_half);
         return true;
     }
 
-    // The owner's fold of every other rank's state into its own, O left normalised: the rows'
-    // maximum m over every state first, then each state's weight 2^(its max - m) with 1/(the rows'
-    // whole sum) taken into it, so O is read and written once after the states land (a fold, then
-    // the quad's sum and the rows' scale, were three dependent steps there). Unrolled over the most
-    // others a cluster has, each guarded by the cluster's count: a loop over them, each weight taken
-    // again where it is needed, is 160 instructions shorter at D=64 and 0.07 us slower on the mission
-    // shape (NOTES.md, run 168). `own_whole`: this rank's whole sums.
-    template <class Softmax>
+    // The owner's fold of every other rank's state into its own, O left normalised. From the heads
+    // (the first landing): the rows' maximum m over every state, then each state's weight 2^(its
+    // max - m) with 1/(the rows' whole sum) taken into it, so O is read and written once (a fold, then
+    // the quad's sum and the rows' scale, were three dependent steps after the states landed). The
+    // first half of O is folded, and given to `first_half`, while the second is in flight (NOTES.md,
+    // runs 169-170). Unrolled over the most others a cluster has, each guarded by the cluster's
+    // count: a loop over them, each weight taken again where it is needed, is 160 instructions
+    // shorter at D=64 and 0.07 us slower on the mission shape (run 168). `own_whole`: this rank's
+    // whole sums.
+    template <class Softmax, class FirstHalf>
     __device__ void finish(Softmax const& softmax, float* values, float const (&own_whole)[2], int owned,
-                           int lane) const {
+                           int lane, FirstHalf& first_half) const {
         constexpr int kValues = (Traits::kSplitChunks - 1) * 4;   // O's values in this thread
         constexpr int kMostOthers = Traits::kMaxSplits - 1;
         const int others = splits - 1;
@@ -180,50 +150,29 @@ struct ClusterMerge {
             mine[r] *= inverse;
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kMostOthers; ++i) {
-#if V5_DEV_COMPACT_PUSH
-                // The pushed O is normalised by its rank's whole sum: weighted back by it here.
-                if (i < others) other[i][r] *= inverse * (r == 0 ? head[i].z : head[i].w);
-#else
                 if (i < others) other[i][r] *= inverse;
-#endif
             }
         }
         CUTLASS_PRAGMA_UNROLL
         for (int v = 0; v < kValues; ++v) values[v] *= mine[(v >> 1) & 1];   // values 4i, 4i+1 row 0; 4i+2, 4i+3 row 1
+        const auto fold = [&](int i, int c) {
+            const float4 o = chunks(i)[(1 + c) * 32];
+            values[4 * c] = fmaf(o.x, other[i][0], values[4 * c]);
+            values[4 * c + 1] = fmaf(o.y, other[i][0], values[4 * c + 1]);
+            values[4 * c + 2] = fmaf(o.z, other[i][1], values[4 * c + 2]);
+            values[4 * c + 3] = fmaf(o.w, other[i][1], values[4 * c + 3]);
+        };
+        // Chunk by chunk over every other, so the first half is final before the second wait.
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < kMostOthers; ++i) {
-            if (i >= others) continue;
-#if V5_DEV_COMPACT_PUSH
-            cutlass::NumericArrayConverter<float, typename Traits::Element, 2> from_pair;
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < kValues / 8; ++c) {
-#if V5_DEV_LANDING_HALVES
-                if (1 + c == Traits::kFirstLanding && i == 0) evo_sm90::wait_barrier<0>(barrier(owned, 1));
-#endif
-                const float4 packed = chunks(i)[(1 + c) * 32];
-                const float words[4] = {packed.x, packed.y, packed.z, packed.w};
-                CUTLASS_PRAGMA_UNROLL
-                for (int w = 0; w < 4; ++w) {
-                    const uint32_t bits = __float_as_uint(words[w]);
-                    const auto two = from_pair(reinterpret_cast<cutlass::Array<typename Traits::Element, 2> const&>(bits));
-                    const int v = 8 * c + 2 * w;   // values v, v + 1: row w & 1
-                    values[v] = fmaf(two[0], other[i][w & 1], values[v]);
-                    values[v + 1] = fmaf(two[1], other[i][w & 1], values[v + 1]);
-                }
+        for (int c = 0; c < kValues / 4; ++c) {
+            if (1 + c == Traits::kFirstLanding) {
+                first_half();
+                evo_sm90::wait_barrier<0>(barrier(owned, 1));
             }
-#else
             CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < kValues / 4; ++c) {
-#if V5_DEV_LANDING_HALVES
-                if (1 + c == Traits::kFirstLanding && i == 0) evo_sm90::wait_barrier<0>(barrier(owned, 1));
-#endif
-                const float4 o = chunks(i)[(1 + c) * 32];
-                values[4 * c] = fmaf(o.x, other[i][0], values[4 * c]);
-                values[4 * c + 1] = fmaf(o.y, other[i][0], values[4 * c + 1]);
-                values[4 * c + 2] = fmaf(o.z, other[i][1], values[4 * c + 2]);
-                values[4 * c + 3] = fmaf(o.w, other[i][1], values[4 * c + 3]);
+            for (int i = 0; i < kMostOthers; ++i) {
+                if (i < others) fold(i, c);
             }
-#endif
         }
     }
 };

@@ -19,43 +19,11 @@ namespace v5_hopper {
 
 using namespace cute;
 
-template <int kHeadDim, class AccRowCol, class CoordRowCol, class Element>
+// Columns [kBegin, kEnd) of the row view (kEnd -1: to the last).
+template <int kHeadDim, int kBegin = 0, int kEnd = -1, class AccRowCol, class CoordRowCol, class Element>
 __device__ void store_rows(AccRowCol const& o, CoordRowCol const& coord, Element* o_tile, int rows) {
+    constexpr int kStop = kEnd < 0 ? int(decltype(size<1>(o))::value) : kEnd;
     cutlass::NumericArrayConverter<Element, float, 2> convert;
-#if V5_DEV_STORE_PAIRS
-    // A quad's lanes hold each row's column pairs 8i + 2q (q = lane % 4). For each two groups i = 2j,
-    // 2j + 1 the lanes q and q ^ 1 swap one pair, so an even lane holds columns 16j + 2q .. + 3 and an
-    // odd one 16j + 8 + 2(q - 1) .. + 3: the quad writes 32 bytes of a row (a whole sector) per 8-byte
-    // store, in half the stores.
-    const bool odd = threadIdx.x & 1;
-    const auto packed = [&](int r, int c) {
-        cutlass::Array<float, 2> pair;
-        pair[0] = o(r, c);
-        pair[1] = o(r, c + 1);
-        const auto two = convert(pair);
-        return reinterpret_cast<uint32_t const&>(two);
-    };
-    static_assert(decltype(size<1>(o))::value % 4 == 0, "column pairs in twos");
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < size<0>(o); ++r) {
-        const int row = get<0>(coord(r, 0));
-        const bool inside = row < rows;   // every lane shuffles; only rows that exist are stored
-        // An odd lane's piece starts at its partner's pair of group 2j + 1: 8 - 2 columns past its own
-        // first column, less 8 for the group it starts in.
-        Element* o_row = o_tile + row * kHeadDim + get<1>(coord(r, 0)) + (odd ? 6 : 0);
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < size<1>(o); c += 4) {
-            const uint32_t first = packed(r, c), second = packed(r, c + 2);
-            const uint32_t give = odd ? first : second;
-            const uint32_t keep = first ^ second ^ give;
-            const uint32_t got = __shfl_xor_sync(0xffffffff, give, 1);
-            uint2 piece;
-            piece.x = odd ? got : keep;
-            piece.y = keep ^ got ^ piece.x;
-            if (inside) *reinterpret_cast<uint2*>(o_row + (get<1>(coord(r, c)) - get<1>(coord(r, 0)))) = piece;
-        }
-    }
-#else
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(o); ++r) {
         const int row = get<0>(coord(r, 0));
@@ -66,7 +34,7 @@ __device__ void store_rows(AccRowCol const& o, CoordRowCol const& coord, Element
         Element* o_row = o_tile + row * kHeadDim + get<1>(coord(r, 0));
         // Columns c and c + 1 of the row view are neighbours in memory (the accumulator's pairs).
         CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < size<1>(o); c += 2) {
+        for (int c = kBegin; c < kStop; c += 2) {
             cutlass::Array<float, 2> pair;
             pair[0] = o(r, c);
             pair[1] = o(r, c + 1);
@@ -74,7 +42,6 @@ __device__ void store_rows(AccRowCol const& o, CoordRowCol const& coord, Element
                 convert(pair);
         }
     }
-#endif
 }
 
 // Named barriers of the slab epilogue: one per warp group, after the ping-pong's ids (0..2).

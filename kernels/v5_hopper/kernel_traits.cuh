@@ -142,10 +142,10 @@ struct KernelTraits {
     static constexpr int kWarpStateBytes = kSplitChunks * 16 * 32;
     static constexpr int kReceiveSlots = kConsumerWarps - kConsumerWarps / kMaxSplits;
     static constexpr int kMostOwnedWarps = kConsumerWarps / 2;
-    // Barriers an owned warp's states land on: chunks [0, kFirstLanding) on the first (V5_DEV_LANDING_HALVES).
-    static constexpr int kPushedChunks = V5_DEV_COMPACT_PUSH ? 1 + kHeadDim / 16 : kSplitChunks;
-    static constexpr int kLandings = V5_DEV_LANDING_HALVES ? 2 : 1;
-    static constexpr int kFirstLanding = V5_DEV_LANDING_HALVES ? 1 + (kPushedChunks - 1) / 2 : kPushedChunks;
+    // An owned warp's states land on two barriers: chunks [0, kFirstLanding) (the head and the first
+    // half of O) on the first, the rest on the second (ClusterMerge).
+    static constexpr int kLandings = 2;
+    static constexpr int kFirstLanding = 1 + (kSplitChunks - 1) / 2;
 
     using Pipeline = cutlass::PipelineTmaAsync<kStages>;
     using BarrierQ = cutlass::arch::ClusterTransactionBarrier;   // Q's TMA completes on it
@@ -165,7 +165,7 @@ struct KernelTraits {
         typename BarrierQ::ValueType barrier_q[kBuffers];              // Q landed (TMA bytes)
         typename BarrierQEmpty::ValueType barrier_q_empty[kBuffers];   // Q read by every consumer
         cute::array_aligned<char, kSplit ? kReceiveSlots * kWarpStateBytes : 16, 16> receive;
-        uint64_t receive_barrier[kSplit ? kMostOwnedWarps * kLandings : 1];   // an owned warp's slots filled
+        uint64_t receive_barrier[kSplit ? kMostOwnedWarps * kLandings : 1];   // an owned warp's landings
 #if V5_HOPPER_TRACE
         trace::Row trace_row;   // the diagnostic build's probes, copied out at the CTA's end
 #endif

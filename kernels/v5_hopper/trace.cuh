@@ -28,8 +28,8 @@ enum Point : int {
     kFirstS,         // the first S = Q K^T has completed
     kFirstSoftmax,   // its softmax done
     kLastPv,         // the last P V has completed
-    kMerged,         // past the cluster merge (owner: states folded; pusher: states pushed)
-    kStoreIssued,    // O's store issued
+    kMerged,         // past the cluster merge (owner: folded, its first half stored; pusher: pushed)
+    kStoreIssued,    // O's store issued (a split owner: its second half)
     kExit,           // consumer thread 0 leaves (after the store drains)
     kProducerStart,  // the K/V producer thread enters produce_kv (past setmaxnreg and its pipelines)
     kKvScheduled,    // its first tile's coordinates and key share computed
@@ -54,7 +54,7 @@ enum Point : int {
     kStep3Pv,
     kLastPvIssued,   // the last P V issued (before its wait)
     kMergeReady,     // past the merge's cluster barrier
-    kMergeLanded,    // the owner: the other ranks' states have landed (a pusher: its pushes issued)
+    kMergeLanded,    // the owner: the other ranks' first halves have landed (a pusher: its pushes issued)
     kPoints
 };
 constexpr int kSlots = 40;     // per probe row: kPoints timestamps, then the CTA's SM and cluster rank

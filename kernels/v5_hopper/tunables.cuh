@@ -136,22 +136,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development only (not in variant.yaml): the split owner stores O as 8-byte pieces, neighbouring
-// lanes swapping a column pair (epilogue.cuh, store_rows).
-#ifndef V5_DEV_STORE_PAIRS
-#define V5_DEV_STORE_PAIRS 0
-#endif
-
-// Development only (not in variant.yaml): a split owner's states land on two barriers, the heads and
-// the first half of O on one, the rest on the other, so its fold of the first half runs while the
-// second is in flight (cluster_merge.cuh).
-#ifndef V5_DEV_LANDING_HALVES
-#define V5_DEV_LANDING_HALVES 0
-#endif
-
-// Development only (not in variant.yaml): a split pusher sends O normalised by its rows' whole sums
-// as 16-bit pairs of the kernel's type, 1 + D/16 chunks (cluster_merge.cuh).
-#ifndef V5_DEV_COMPACT_PUSH
-#define V5_DEV_COMPACT_PUSH 0
-#endif
