@@ -33,8 +33,6 @@ struct ClusterMerge {
     typename Traits::SharedStorage& shared;
     int splits;
 
-    static constexpr int kChunkBytes = 16 * 32;   // a chunk: 16 bytes in each of a warp's lanes
-
     // splits is a power of two (cluster_splits halves from kMaxSplits): warp / splits and warp % splits
     // as a shift and a mask, no runtime division at entry or before the merge (NOTES.md, run 132).
     __device__ int shift() const { return evo_sm90::split_shift(splits); }
@@ -51,9 +49,9 @@ struct ClusterMerge {
     // (the caller fences the initialisations).
     __device__ void init_barriers() const {
         for (int owned = 0; owned < Traits::kConsumerWarps >> shift(); ++owned) {
-            evo_sm90::init_receive_barrier(barrier(owned, 0), uint32_t((splits - 1) * Traits::kFirstLanding * kChunkBytes));
+            evo_sm90::init_receive_barrier(barrier(owned, 0), uint32_t((splits - 1) * Traits::kFirstLanding * Traits::kChunkBytes));
             evo_sm90::init_receive_barrier(
-                barrier(owned, 1), uint32_t((splits - 1) * (Traits::kSplitChunks - Traits::kFirstLanding) * kChunkBytes));
+                barrier(owned, 1), uint32_t((splits - 1) * (Traits::kSplitChunks - Traits::kFirstLanding) * Traits::kChunkBytes));
         }
     }
 

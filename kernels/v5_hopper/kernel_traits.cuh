@@ -139,7 +139,8 @@ struct KernelTraits {
     static constexpr int kConsumerWarps = kConsumerThreads / 32;
     static constexpr int kMaxSplits = 4;
     static constexpr int kSplitChunks = 1 + kHeadDim / 8;
-    static constexpr int kWarpStateBytes = kSplitChunks * 16 * 32;
+    static constexpr int kChunkBytes = 16 * 32;   // a chunk: 16 bytes in each of a warp's lanes
+    static constexpr int kWarpStateBytes = kSplitChunks * kChunkBytes;
     static constexpr int kReceiveSlots = kConsumerWarps - kConsumerWarps / kMaxSplits;
     static constexpr int kMostOwnedWarps = kConsumerWarps / 2;
     // An owned warp's states land on two barriers: chunks [0, kFirstLanding) (the head and the first
