@@ -318,13 +318,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // not the previous grid's completion, gated the first load (0.08-0.17 us a call on the H200;
         // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
         // measured 0.05 us slower (NOTES.md, runs 120-121). The first invocation in a CTA counts.
-#if V5_DEV_TRIGGER_LEFT
-        if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) {
-            if (n - span.begin <= V5_DEV_TRIGGER_LEFT) evo_sm90::allow_next_grid();
-        }
-#else
         if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
-#endif
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);   // kConvertUnderQk: the first pass converts P
         auto read_v = read_k;
         ++read_k;
@@ -366,11 +360,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             }
             if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
             V5_STEP_PROBE(kStep1Softmax);
-#if V5_DEV_TRIGGER_LEFT
-            if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) {
-                if (n - span.begin == V5_DEV_TRIGGER_LEFT) evo_sm90::allow_next_grid();
-            }
-#endif
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
             V5_STEP_PROBE(kStep1Pv);

@@ -99,25 +99,44 @@ struct ClusterMerge {
         }
         evo_sm90::wait_barrier<0>(barrier(owned, 0));
         probe.mark(trace::kMergeLanded);
-        finish(softmax, values, whole, owned, lane, first_half);
+        // At D=64 the fold is compiled for the cluster's split count. At D=128 that moved ptxas's
+        // schedule of the key loop and cost 0.1 us on (1,8,512,128) (NOTES.md, run 175), so there one
+        // fold covers the most others, each guarded by the runtime count.
+        if constexpr (Traits::kHeadDim == 64) {
+            with_others<Traits::kMaxSplits>([&](auto others) {
+                finish<decltype(others)::value>(softmax, values, whole, owned, lane, first_half, others);
+            });
+        } else {
+            finish<Traits::kMaxSplits - 1>(softmax, values, whole, owned, lane, first_half, splits - 1);
+        }
         return true;
     }
 
-    // The owner's fold of every other rank's state into its own, O left normalised. From the heads
-    // (the first landing): the rows' maximum m over every state, then each state's weight 2^(its
-    // max - m) with 1/(the rows' whole sum) taken into it, so O is read and written once (a fold, then
-    // the quad's sum and the rows' scale, were three dependent steps after the states landed). The
-    // first half of O is folded, and given to `first_half`, while the second is in flight (NOTES.md,
-    // runs 169-170). Unrolled over the most others a cluster has, each guarded by the cluster's
-    // count: a loop over them, each weight taken again where it is needed, is 160 instructions
-    // shorter at D=64 and 0.07 us slower on the mission shape (run 168). `own_whole`: this rank's
-    // whole sums.
-    template <class Softmax, class FirstHalf>
+    // f(Int<splits - 1>{}) for this cluster's split count, a power of two from 2 to kSplits, so the
+    // owner's fold is compiled for the others it has. Unrolled over the most others, each guarded by
+    // the runtime count, it issued every absent other's loads and products predicated off: 98 of the
+    // owner's 291 instructions after the landing at D=64 with 2 splits (NOTES.md, run 175).
+    template <int kSplits, class F>
+    __device__ void with_others(F&& f) const {
+        if constexpr (kSplits > 2) {
+            if (splits != kSplits) return with_others<kSplits / 2>(f);
+        }
+        f(Int<kSplits - 1>{});
+    }
+
+    // The owner's fold of its `others` other ranks' states (at most kMostOthers; a compile-time count
+    // takes the guards away) into its own, O left normalised. From the heads (the first landing): the
+    // rows' maximum m over every state, then each state's weight 2^(its max - m) with 1/(the rows'
+    // whole sum) taken into it, so O is read and written once (a fold, then the quad's sum and the
+    // rows' scale, were three dependent steps after the states landed). The first half of O is
+    // folded, and given to `first_half`, while the second is in flight (NOTES.md, runs 169-170).
+    // Unrolled over the others: a loop over them, each weight taken again where it is needed, is 160
+    // instructions shorter at D=64 and 0.07 us slower on the mission shape (run 168). `own_whole`:
+    // this rank's whole sums.
+    template <int kMostOthers, class Softmax, class FirstHalf>
     __device__ void finish(Softmax const& softmax, float* values, float const (&own_whole)[2], int owned,
-                           int lane, FirstHalf& first_half) const {
+                           int lane, FirstHalf& first_half, int others) const {
         constexpr int kValues = (Traits::kSplitChunks - 1) * 4;   // O's values in this thread
-        constexpr int kMostOthers = Traits::kMaxSplits - 1;
-        const int others = splits - 1;
         const auto chunks = [&](int other) {   // the other's slots: chunk c of this lane at [c * 32]
             return reinterpret_cast<const float4*>(shared.receive.data() + slot_offset(owned, other)) + lane;
         };

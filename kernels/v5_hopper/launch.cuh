@@ -294,13 +294,6 @@ struct Kernels {
         if constexpr (V5_HOPPER_KEY_SPLIT) {
             const int64_t heads_total = int64_t(heads) * batch;
             const int splits = splits_for(split_m_blocks(seq_len) * heads_total, seq_len);
-#if V5_DEV_SPLIT_ONE
-            // One rank a cluster where the tiles fit the SMs once and the split would fill two slots.
-            const int64_t tiles = split_m_blocks(seq_len) * heads_total;
-            if (tiles <= sm_count() && tiles * splits > sm_count()) {
-                return split(q, k, v, o, batch, heads, seq_len, scale, 1, stream);
-            }
-#endif
             if (splits > 1) return split(q, k, v, o, batch, heads, seq_len, scale, splits, stream);
             const TailPlan plan = tail_plan(heads_total, seq_len);
             if (plan.heads > 0) {

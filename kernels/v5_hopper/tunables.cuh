@@ -136,12 +136,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development macros (off): a 64-row split CTA of the whole key range where those tiles fit the SMs
-// once; the D=64 split trigger where that many key tiles remain.
-#ifndef V5_DEV_SPLIT_ONE
-#define V5_DEV_SPLIT_ONE 0
-#endif
-#ifndef V5_DEV_TRIGGER_LEFT
-#define V5_DEV_TRIGGER_LEFT 0
-#endif
