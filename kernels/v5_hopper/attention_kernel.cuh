@@ -191,37 +191,21 @@ template <class Traits, bool kCausal>
 __device__ void prefetch_inputs(typename Traits::Params const& params) {
     const int S = params.seq_len;
     const TileScheduler<Traits, kCausal> scheduler{params};
-#if V5_DEV_PREFETCH_AHEAD
-    // The inputs of the CTA half a grid later in launch order, which enters later where this grid's
-    // CTAs enter as the previous grid's leave.
-    const int X = int(gridDim.x), Y = int(gridDim.y), G = X * Y * int(gridDim.z);
-    const int self = int(blockIdx.x) + X * (int(blockIdx.y) + Y * int(blockIdx.z));
-    const int ahead = (self + G / 2) % G;
-    const int shift = evo_sm90::split_shift(params.key_splits);
-    const TileCoord tile{(ahead % X) >> shift, (ahead / X) % Y, ahead / (X * Y)};
-    const int rank = (ahead % X) & (params.key_splits - 1);
-#else
     const TileCoord tile = scheduler.coord(scheduler.first());
-    const int rank = evo_sm90::cluster_rank();
-#endif
     auto [gK, gVt] = key_value_tiles<Traits>(params, tile);
     Tensor sK = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutVt{});
     auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
     const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
-#if V5_DEV_PREFETCH_AHEAD
-    const evo_sm90::KeyShare span = evo_sm90::key_share_pow2(keys.end(), rank, shift);
-#else
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
-#endif
     const int m_blocks = scheduler.m_blocks();
     for (int n = span.end - 1; n >= span.begin; --n) {
         if (n % m_blocks != tile.m_block) continue;
         cute::prefetch(params.tma_k, tKg(_, n));
         cute::prefetch(params.tma_v, tVg(_, n));
     }
-    if (rank == 0) {
+    if (evo_sm90::cluster_rank() == 0) {
         Tensor gQ = query_tile<Traits>(params, tile);
         Tensor sQ = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutQ{});
         auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
@@ -551,7 +535,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
             // grid fills an SM's slots they enter as these leave, and the prefetch came late and cost
             // (+0.06 us on 2,8,512,64, run 140). A kernel of one CTA an SM never has one.
             constexpr unsigned kFreeSlots = Traits::kMinBlocksPerSm - 1;
-            if (V5_DEV_PREFETCH_AHEAD || gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots) {
+            if (gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots) {
                 prefetch_inputs<Traits, kCausal>(params);
             }
         } else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {

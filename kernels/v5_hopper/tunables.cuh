@@ -136,9 +136,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development macro (off): the prefetch warp asks L2 for the inputs of the CTA half a grid later, and
-// runs on every D=64 split grid.
-#ifndef V5_DEV_PREFETCH_AHEAD
-#define V5_DEV_PREFETCH_AHEAD 0
-#endif
