@@ -97,11 +97,6 @@ __device__ __forceinline__ void cluster_wait() {
     asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
 
-// The same wait in one thread of its warp (not .aligned).
-__device__ __forceinline__ void cluster_wait_thread() {
-    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
-}
-
 // 16 bytes from registers into another CTA's shared memory (both addresses shared::cluster),
 // counted on that CTA's barrier. No fence: the barrier's completion orders them for the reader.
 __device__ __forceinline__ void push_v4(uint32_t remote, float a, float b, float c, float d, uint32_t remote_barrier) {

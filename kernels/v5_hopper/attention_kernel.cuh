@@ -94,22 +94,12 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
         Tensor gQ = query_tile<Traits>(params, tile);
+        auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
         const auto [buffer, use] = Traits::q_slot(tile_count);
         if (use > 0) BarrierQEmpty::wait(&shared.barrier_q_empty[buffer], (use - 1) & 1);
         BarrierQ::arrive_and_expect_tx(&shared.barrier_q[buffer], Traits::kTmaBytesQ);
         if (kPdlKernel<Traits> && tile_count == 0) evo_sm90::wait_for_previous_grid();
-        if constexpr (Traits::kQSlices > 1) {
-            // Rank r loads slice r & 1 of the rows into both ranks of its pair, each counting the
-            // whole tile's bytes: the pair's barriers must exist before the first multicast.
-            const int rank = evo_sm90::cluster_rank();
-            auto [tQg, tQs] = tma_partition(params.tma_q, rank & 1, Layout<Int<Traits::kQSlices>>{},
-                                            group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-            if (tile_count == 0) evo_sm90::cluster_wait_thread();
-            copy(params.tma_q.with(shared.barrier_q[buffer], uint16_t(0x3u << (rank & ~1))), tQg, tQs(_, buffer));
-        } else {
-            auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-            copy(params.tma_q.with(shared.barrier_q[buffer]), tQg, tQs(_, buffer));
-        }
+        copy(params.tma_q.with(shared.barrier_q[buffer]), tQg, tQs(_, buffer));
         if (tile_count == 0) probe.mark(trace::kQIssued);
     }
 }
@@ -218,17 +208,8 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
     if (evo_sm90::cluster_rank() == 0) {
         Tensor gQ = query_tile<Traits>(params, tile);
         Tensor sQ = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutQ{});
-        if constexpr (Traits::kQSlices > 1) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int slice = 0; slice < Traits::kQSlices; ++slice) {
-                auto [tQg, tQs] = tma_partition(params.tma_q, slice, Layout<Int<Traits::kQSlices>>{},
-                                                group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-                cute::prefetch(params.tma_q, tQg);
-            }
-        } else {
-            auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-            cute::prefetch(params.tma_q, tQg);
-        }
+        auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+        cute::prefetch(params.tma_q, tQg);
     }
 }
 

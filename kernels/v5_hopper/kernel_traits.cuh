@@ -99,14 +99,10 @@ struct KernelTraits {
     using StrideQK = Stride<int64_t, _1, int64_t, int64_t>;
     using StrideVt = Stride<_1, int64_t, int64_t, int64_t>;
 
-    // V5_DEV_Q_MULTICAST: the ranks of a split cluster share their query tile, so each pair of ranks
-    // loads half its rows apiece and multicasts them to both.
-    static constexpr int kQSlices = kSplit && V5_DEV_Q_MULTICAST ? 2 : 1;
-    using TmaQOp = cute::conditional_t<(kQSlices > 1), SM90_TMA_LOAD_MULTICAST, SM90_TMA_LOAD>;
     using TmaQ = decltype(make_tma_copy(
-        TmaQOp{},
+        SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
-        take<0, 2>(SmemLayoutQFor<1>{}), select<0, 2>(TileShapeQK{}), Int<kQSlices>{}));
+        take<0, 2>(SmemLayoutQFor<1>{}), select<0, 2>(TileShapeQK{}), _1{}));
     using TmaK = decltype(make_tma_copy(
         SM90_TMA_LOAD{},
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),

@@ -70,9 +70,8 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
     const auto shape_vt = make_shape(int(Traits::kHeadDim), seq_len, heads, batch);
     const auto stride_vt = make_stride(_1{}, row, head, batch_stride);
     return {
-        make_tma_copy(typename Traits::TmaQOp{}, make_tensor(make_gmem_ptr(q), shape_qk, stride_qk),
-                      take<0, 2>(typename Traits::SmemLayoutQ{}), select<0, 2>(typename Traits::TileShapeQK{}),
-                      Int<Traits::kQSlices>{}),
+        make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(q), shape_qk, stride_qk),
+                      take<0, 2>(typename Traits::SmemLayoutQ{}), select<0, 2>(typename Traits::TileShapeQK{}), _1{}),
         make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(k), shape_qk, stride_qk),
                       take<0, 2>(typename Traits::SmemLayoutK{}), select<1, 2>(typename Traits::TileShapeQK{}), _1{}),
         make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(v), shape_vt, stride_vt),

@@ -136,9 +136,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development macro (off): a split cluster's pairs of ranks multicast their shared query tile, half
-// its rows loaded by each.
-#ifndef V5_DEV_Q_MULTICAST
-#define V5_DEV_Q_MULTICAST 0
-#endif
