@@ -395,10 +395,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // A split CTA's whole sums, for its push or its fold, under the last P V.
         [[maybe_unused]] float whole[kRows];
         if constexpr (Traits::kSplit) softmax.whole_sums(whole);
-        if constexpr (Traits::kEarlyHead) {
-            ClusterMerge<Traits>{shared, params.key_splits}.send_head(softmax, whole, consumer_thread / 32, consumer_thread % 32,
-                                                                      tile_count == 0 ? probe : trace::Probe{});
-        }
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         if (tile_count == 0) probe.mark(trace::kLastPv);

@@ -47,40 +47,11 @@ struct ClusterMerge {
 
     // Entry, thread 0: two receive barriers per owned warp, expecting their chunks of S - 1 states
     // (the caller fences the initialisations).
-    // The landing of the first half of O (with the head, unless it has its own: kEarlyHead).
-    static constexpr int kFirstHalf = Traits::kEarlyHead ? 1 : 0;
-
     __device__ void init_barriers() const {
         for (int owned = 0; owned < Traits::kConsumerWarps >> shift(); ++owned) {
-            if constexpr (Traits::kEarlyHead) {
-                evo_sm90::init_receive_barrier(barrier(owned, 0), uint32_t((splits - 1) * Traits::kChunkBytes));
-                evo_sm90::init_receive_barrier(barrier(owned, 1),
-                                               uint32_t((splits - 1) * (Traits::kFirstLanding - 1) * Traits::kChunkBytes));
-            } else {
-                evo_sm90::init_receive_barrier(barrier(owned, 0), uint32_t((splits - 1) * Traits::kFirstLanding * Traits::kChunkBytes));
-            }
+            evo_sm90::init_receive_barrier(barrier(owned, 0), uint32_t((splits - 1) * Traits::kFirstLanding * Traits::kChunkBytes));
             evo_sm90::init_receive_barrier(
-                barrier(owned, kFirstHalf + 1),
-                uint32_t((splits - 1) * (Traits::kSplitChunks - Traits::kFirstLanding) * Traits::kChunkBytes));
-        }
-    }
-
-    // kEarlyHead, by every consumer warp once its rows' whole sums are taken, under the last P V: the
-    // cluster barrier, then a pusher sends its head (chunk 0) to its owner's head barrier.
-    template <class Softmax>
-    __device__ void send_head(Softmax const& softmax, float const (&whole)[2], int warp, int lane,
-                              trace::Probe probe) const {
-        static_assert(Traits::kEarlyHead);
-        const int rank = evo_sm90::cluster_rank();
-        const int owner = warp & (splits - 1);
-        const int owned = warp >> shift();
-        evo_sm90::cluster_wait();
-        probe.mark(trace::kMergeReady);
-        if (owner != rank) {
-            const uint32_t receive = cute::cast_smem_ptr_to_uint(shared.receive.data());
-            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank < owner ? rank : rank - 1), owner);
-            evo_sm90::push_v4(slot + lane * 16, softmax.row_max[0], softmax.row_max[1], whole[0], whole[1],
-                              evo_sm90::map_to_rank(barrier(owned, 0), owner));
+                barrier(owned, 1), uint32_t((splits - 1) * (Traits::kSplitChunks - Traits::kFirstLanding) * Traits::kChunkBytes));
         }
     }
 
@@ -110,18 +81,14 @@ struct ClusterMerge {
         // Every rank's barriers exist. Owners wait too, though on the card only a pusher needs to:
         // compute-sanitizer's racecheck follows a push only past the owner's own wait (NOTES.md,
         // runs 26-28). Not the producer warps: their wait after the loads hung the card (run 27).
-        if constexpr (!Traits::kEarlyHead) {
-            evo_sm90::cluster_wait();
-            probe.mark(trace::kMergeReady);
-        }
+        evo_sm90::cluster_wait();
+        probe.mark(trace::kMergeReady);
         if (owner != rank) {
             const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank < owner ? rank : rank - 1), owner);
-            const uint32_t first = evo_sm90::map_to_rank(barrier(owned, kFirstHalf), owner);
-            const uint32_t second = evo_sm90::map_to_rank(barrier(owned, kFirstHalf + 1), owner);
+            const uint32_t first = evo_sm90::map_to_rank(barrier(owned, 0), owner);
+            const uint32_t second = evo_sm90::map_to_rank(barrier(owned, 1), owner);
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
-            if constexpr (!Traits::kEarlyHead) {
-                evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1], first);
-            }
+            evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1], first);
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kValues / 4; ++i) {
                 evo_sm90::push_v4(chunk_address(1 + i), values[4 * i], values[4 * i + 1], values[4 * i + 2],
@@ -130,17 +97,17 @@ struct ClusterMerge {
             probe.mark(trace::kMergeLanded);
             return false;
         }
-        evo_sm90::wait_barrier<0>(barrier(owned, 0));   // the head (kEarlyHead), or the head and the first half
-        if constexpr (!Traits::kEarlyHead) probe.mark(trace::kMergeLanded);
+        evo_sm90::wait_barrier<0>(barrier(owned, 0));
+        probe.mark(trace::kMergeLanded);
         // At D=64 the fold is compiled for the cluster's split count. At D=128 that moved ptxas's
         // schedule of the key loop and cost 0.1 us on (1,8,512,128) (NOTES.md, run 175), so there one
         // fold covers the most others, each guarded by the runtime count.
         if constexpr (Traits::kHeadDim == 64) {
             with_others<Traits::kMaxSplits>([&](auto others) {
-                finish<decltype(others)::value>(softmax, values, whole, owned, lane, first_half, others, probe);
+                finish<decltype(others)::value>(softmax, values, whole, owned, lane, first_half, others);
             });
         } else {
-            finish<Traits::kMaxSplits - 1>(softmax, values, whole, owned, lane, first_half, splits - 1, probe);
+            finish<Traits::kMaxSplits - 1>(softmax, values, whole, owned, lane, first_half, splits - 1);
         }
         return true;
     }
@@ -168,7 +135,7 @@ struct ClusterMerge {
     // this rank's whole sums.
     template <int kMostOthers, class Softmax, class FirstHalf>
     __device__ void finish(Softmax const& softmax, float* values, float const (&own_whole)[2], int owned,
-                           int lane, FirstHalf& first_half, int others, trace::Probe probe) const {
+                           int lane, FirstHalf& first_half, int others) const {
         constexpr int kValues = (Traits::kSplitChunks - 1) * 4;   // O's values in this thread
         const auto chunks = [&](int other) {   // the other's slots: chunk c of this lane at [c * 32]
             return reinterpret_cast<const float4*>(shared.receive.data() + slot_offset(owned, other)) + lane;
@@ -205,10 +172,6 @@ struct ClusterMerge {
         }
         CUTLASS_PRAGMA_UNROLL
         for (int v = 0; v < kValues; ++v) values[v] *= mine[(v >> 1) & 1];   // values 4i, 4i+1 row 0; 4i+2, 4i+3 row 1
-        if constexpr (Traits::kEarlyHead) {
-            evo_sm90::wait_barrier<0>(barrier(owned, 1));
-            probe.mark(trace::kMergeLanded);
-        }
         const auto fold = [&](int i, int c) {
             const float4 o = chunks(i)[(1 + c) * 32];
             values[4 * c] = fmaf(o.x, other[i][0], values[4 * c]);
@@ -221,7 +184,7 @@ struct ClusterMerge {
         for (int c = 0; c < kValues / 4; ++c) {
             if (1 + c == Traits::kFirstLanding) {
                 first_half();
-                evo_sm90::wait_barrier<0>(barrier(owned, kFirstHalf + 1));
+                evo_sm90::wait_barrier<0>(barrier(owned, 1));
             }
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kMostOthers; ++i) {

@@ -145,9 +145,7 @@ struct KernelTraits {
     static constexpr int kMostOwnedWarps = kConsumerWarps / 2;
     // An owned warp's states land on two barriers: chunks [0, kFirstLanding) (the head and the first
     // half of O) on the first, the rest on the second (ClusterMerge).
-    // V5_DEV_EARLY_HEAD: the head gets a barrier of its own and is pushed under the last P V.
-    static constexpr bool kEarlyHead = kSplit && V5_DEV_EARLY_HEAD;
-    static constexpr int kLandings = kEarlyHead ? 3 : 2;
+    static constexpr int kLandings = 2;
     static constexpr int kFirstLanding = 1 + (kSplitChunks - 1) / 2;
 
     using Pipeline = cutlass::PipelineTmaAsync<kStages>;

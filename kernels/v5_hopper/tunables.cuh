@@ -136,9 +136,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development macro (off): a split pusher sends its head (maxima, whole sums) under its last P V, on
-// a barrier of its own, and the owner takes the weights before O lands.
-#ifndef V5_DEV_EARLY_HEAD
-#define V5_DEV_EARLY_HEAD 0
-#endif
