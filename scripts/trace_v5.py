@@ -60,6 +60,8 @@ def main() -> None:
     parser.add_argument("--build-dir", type=Path, default=Path("/tmp/evo_sdpa_trace_v5"))
     parser.add_argument("--graph-calls", type=int, default=32)
     parser.add_argument("--json", type=Path, help="write the per-call summaries here")
+    parser.add_argument("--raw", type=Path,
+                        help="write the summarised calls' stamps here (.npz: ns and cycles per call, CTA and point)")
     args = parser.parse_args()
 
     import torch
@@ -118,6 +120,8 @@ def main() -> None:
     print(timeline.render(summary))
     if args.json:
         args.json.write_text(json.dumps(summary, indent=1))
+    if args.raw:
+        timeline.save_calls(args.raw, trace, args.graph_calls)
 
 
 if __name__ == "__main__":

@@ -74,6 +74,18 @@ def test_rows_wrap_around_the_ring():
     assert timeline.recent_calls(trace, 5) == [62, 63, 0, 1, 2]
 
 
+def test_saved_calls_hold_each_ctas_stamps_oldest_first(tmp_path):
+    grid, period, step = 6, 5_000, 100
+    trace = timeline.parse(synthetic(10, grid, period, step))
+    timeline.save_calls(tmp_path / "calls.npz", trace, 3)
+    saved = np.load(tmp_path / "calls.npz")
+    assert saved["ns"].shape == (3, grid, timeline.SLOTS)
+    assert tuple(saved["points"]) == timeline.POINTS
+    entry = timeline.POINTS.index("entry")
+    assert [int(saved["ns"][i, 0, entry]) for i in range(3)] == [10_000 + i * period for i in (7, 8, 9)]
+    assert int(saved["cycles"][0, 2, timeline.POINTS.index("exit")]) == 2 * timeline.POINTS.index("exit") * step
+
+
 def test_a_buffer_of_another_layout_is_named():
     with pytest.raises(ValueError, match="rebuild the library"):
         timeline.parse(b"\0" * 64)

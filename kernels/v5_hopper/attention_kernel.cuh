@@ -119,6 +119,23 @@ __device__ auto key_value_tiles(typename Traits::Params const& params, TileCoord
         local_tile(mVt(_, _, tile.head, tile.batch), select<1, 2>(typename Traits::TileShapePV{}), make_coord(_0{}, _)));
 }
 
+// The TMA partitions of the tile's K and V tiles, (TMA, key tiles), and of the rings' stages,
+// (TMA, stages): what a loading thread copies from and to.
+template <class Traits>
+__device__ auto key_value_partitions(typename Traits::Params const& params, TileCoord const& tile,
+                                     typename Traits::Element* k_ring, typename Traits::Element* v_ring) {
+    auto [gK, gVt] = key_value_tiles<Traits>(params, tile);
+    Tensor sK = make_tensor(make_smem_ptr(k_ring), typename Traits::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(v_ring), typename Traits::SmemLayoutVt{});
+    auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
+    return cute::make_tuple(tKg, tKs, tVg, tVs);
+}
+
+// A split CTA's first loads: Q and this many key tiles, sent at once (the rest as produce_kv says).
+constexpr int kFirstKeyTiles = 2;
+constexpr bool kEarlyLoads = V5_DEV_EARLY_LOADS > 0;
+
 // The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings. With
 // Traits::kSeparateV it fills the K ring alone and a thread of warp 2 the V ring, so a K load never
 // waits behind the release of a V stage, which comes a step later.
@@ -128,28 +145,32 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                            trace::Probe probe) {
     probe.mark(trace::kProducerStart);
     const int S = params.seq_len;
-    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
 
     const TileScheduler<Traits, kCausal> scheduler{params};
     auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
-    bool first_load = true;
+    // With kEarlyLoads a split CTA's first loads went out before this thread got here (send_first_loads).
+    constexpr bool kFirstSent = kEarlyLoads && Traits::kSplit;
+    bool first_load = !kFirstSent;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t)) {
         const TileCoord tile = scheduler.coord(t);
-        auto [gK, gVt] = key_value_tiles<Traits>(params, tile);
-        auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-        auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
+        auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
 
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
         if (first_load) probe.mark(trace::kKvScheduled);
-        for (int n = span.end - 1; n >= span.begin; --n) {
+        int first_n = span.end - 1;
+        if constexpr (kFirstSent) {
+            const int sent = span.end - span.begin < kFirstKeyTiles ? span.end - span.begin : kFirstKeyTiles;
+            for (int i = 0; i < sent; ++i) ++write;
+            first_n -= sent;
+        }
+        for (int n = first_n; n >= span.begin; --n) {
             // A split ring deeper than two stages (a CTA's one query tile) sends two key tiles with
             // Q, then waits for the first K before the rest: sent at once, they made that K land
             // later (0.64 us, NOTES.md, run 38); sent as stages came free, the V refills landed
             // just as the steps needed them (runs 125-126).
             if constexpr (Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
-                constexpr int kBurstTiles = 2;
+                constexpr int kBurstTiles = kFirstKeyTiles;
                 if (n == span.end - 1 - kBurstTiles) {
                     const auto first_stage = cutlass::make_producer_start_state<typename Traits::Pipeline>();
                     cutlass::arch::ClusterTransactionBarrier::wait(pipeline_k.producer_get_barrier(first_stage), 0);
@@ -192,11 +213,7 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
     const int S = params.seq_len;
     const TileScheduler<Traits, kCausal> scheduler{params};
     const TileCoord tile = scheduler.coord(scheduler.first());
-    auto [gK, gVt] = key_value_tiles<Traits>(params, tile);
-    Tensor sK = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutVt{});
-    auto [tKg, tKs] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    auto [tVg, tVs] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
+    auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, nullptr, nullptr);
     const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
     const int m_blocks = scheduler.m_blocks();
@@ -211,6 +228,57 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
         auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
         cute::prefetch(params.tma_q, tQg);
     }
+}
+
+// Whether this grid's CTAs prefetch their inputs: only where the next call's CTAs find a free slot
+// on every SM this grid uses. Where this grid fills an SM's slots they enter as these leave, and
+// the prefetch came late and cost (+0.06 us on 2,8,512,64, run 140). A kernel of one CTA an SM
+// never has one.
+template <class Traits>
+__device__ bool prefetches_inputs() {
+    if constexpr (kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1) {
+        constexpr unsigned kFreeSlots = Traits::kMinBlocksPerSm - 1;
+        return gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots;
+    } else {
+        return false;
+    }
+}
+
+// kEarlyLoads: thread 0 of a split CTA, once it has initialised the barriers, sends the first loads
+// itself: the prefetch, the PDL wait, then Q and the first key tiles into stages 0, 1 (an empty
+// ring: nothing to acquire). Before the CTA's first __syncthreads, the producer's register release
+// and its pipeline objects, which a CTA that enters after the previous grid has finished (every
+// SM's slots taken, 2,8,512,64) had on its path to the first load (NOTES.md, run 180).
+template <class Traits, bool kCausal>
+__device__ void send_first_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
+                                 trace::Probe probe) {
+    static_assert(Traits::kSplit, "one query tile a CTA");
+    if (prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
+    const TileScheduler<Traits, kCausal> scheduler{params};
+    const TileCoord tile = scheduler.coord(scheduler.first());
+    auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
+    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
+    auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                    group_modes<0, 2>(query_tile<Traits>(params, tile)));
+    const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
+    const evo_sm90::KeyShare span = scheduler.key_span(keys);
+    probe.mark(trace::kKvScheduled);
+    probe.mark(trace::kKAcquired);
+    if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
+    probe.mark(trace::kPastWait);
+    Traits::BarrierQ::arrive_and_expect_tx(&shared.barrier_q[0], Traits::kTmaBytesQ);
+    copy(params.tma_q.with(shared.barrier_q[0]), tQg, tQs(_, 0));
+    probe.mark(trace::kQIssued);
+    const int sent = span.end - span.begin < kFirstKeyTiles ? span.end - span.begin : kFirstKeyTiles;
+    for (int i = 0; i < sent; ++i) {
+        auto& full_k = shared.pipeline_k.full_barrier_[i];
+        auto& full_v = shared.pipeline_v.full_barrier_[i];
+        full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
+        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k)), tKg(_, span.end - 1 - i), tKs(_, i));
+        full_v.arrive_and_expect_tx(Traits::kTmaBytesV);
+        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
+    }
+    probe.mark(trace::kKvIssued);
 }
 
 // A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
@@ -495,6 +563,13 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
 #if V5_HOPPER_TRACE
         trace::clear(shared.trace_row);
 #endif
+        if constexpr (kEarlyLoads && Traits::kSplit) {
+#if V5_HOPPER_TRACE
+            send_first_loads<Traits, kCausal>(params, shared, trace::Probe{&shared.trace_row});
+#else
+            send_first_loads<Traits, kCausal>(params, shared, trace::Probe{});
+#endif
+        }
     }
     const unsigned long long init_ns = V5_HOPPER_TRACE ? trace::global_ns() : 0;
     const unsigned long long init_cycles = V5_HOPPER_TRACE ? clock64() : 0;
@@ -528,16 +603,11 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                 Shape<_1, _1, _1>{}, cute::false_type{});
             produce_kv<Traits, kCausal, Traits::kSeparateV ? Rings::kK : Rings::kBoth>(params, shared, pipeline_k,
                                                                                         pipeline_v, probe);
-        } else if (warp_in_group == 1 && cute::elect_one_sync()) {
+        } else if (!(kEarlyLoads && Traits::kSplit) && warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
-        } else if (kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1 && warp_in_group == 3 && cute::elect_one_sync()) {
-            // Only where the next call's CTAs find a free slot on every SM this grid uses: where this
-            // grid fills an SM's slots they enter as these leave, and the prefetch came late and cost
-            // (+0.06 us on 2,8,512,64, run 140). A kernel of one CTA an SM never has one.
-            constexpr unsigned kFreeSlots = Traits::kMinBlocksPerSm - 1;
-            if (gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots) {
-                prefetch_inputs<Traits, kCausal>(params);
-            }
+        } else if (!kEarlyLoads && kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1 && warp_in_group == 3 &&
+                   cute::elect_one_sync()) {
+            if (prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
         } else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
             Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
                                 Shape<_1, _1, _1>{}, cute::false_type{});

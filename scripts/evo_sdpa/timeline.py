@@ -60,6 +60,15 @@ def recent_calls(trace: dict, count: int) -> list[int]:
     return [(done - count + i) % CALLS for i in range(count)]
 
 
+def save_calls(path, trace: dict, count: int) -> None:
+    """The last `count` completed calls' stamps, oldest first, for a look CTA by CTA: arrays
+    (call, CTA, slot) of ns and cycles, the last slot holding SM | rank << 32, and POINTS."""
+    rows = recent_calls(trace, count)
+    ctas = min(int(trace["grid"][rows[0]]), CTAS)
+    np.savez_compressed(path, ns=trace["ns"][rows, :ctas], cycles=trace["cycles"][rows, :ctas],
+                        points=np.array(POINTS))
+
+
 def _column(stamps: np.ndarray, point: str) -> np.ndarray:
     return stamps[:, POINTS.index(point)]
 
