@@ -136,10 +136,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development macro (off): in the split kernels thread 0 sends the CTA's first loads (Q and the first
-// two K/V tiles, after the prefetch and the PDL wait) right after it initialises the barriers,
-// before the CTA's first __syncthreads, its register reallocation and the pipeline objects.
-#ifndef V5_DEV_EARLY_LOADS
-#define V5_DEV_EARLY_LOADS 0
-#endif
