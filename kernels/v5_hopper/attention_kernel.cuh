@@ -235,51 +235,17 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
     }
 }
 
-// Every Q, K and V tile of the call, tile i for i = part, part + parts, ... (per head: its query
-// tiles, then its key tiles, K and V together), asked of L2.
-template <class Traits, bool kCausal>
-__device__ void prefetch_call_inputs(typename Traits::Params const& params, int part, int parts) {
-    const TileScheduler<Traits, kCausal> scheduler{params};
-    const int m_blocks = scheduler.m_blocks();
-    const int key_tiles = KeyTiles<Traits::kBlockM, Traits::kBlockN, false>{0, params.seq_len}.end();
-    const int per_head = m_blocks + key_tiles;
-    Tensor sQ = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutQ{});
-    for (int i = part; i < per_head * params.heads * params.batch; i += parts) {
-        const int head_index = i / per_head, j = i % per_head;
-        const TileCoord tile{j < m_blocks ? j : 0, head_index % params.heads, head_index / params.heads};
-        if (j < m_blocks) {
-            auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                            group_modes<0, 2>(query_tile<Traits>(params, tile)));
-            cute::prefetch(params.tma_q, tQg);
-        } else {
-            auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, nullptr, nullptr);
-            cute::prefetch(params.tma_k, tKg(_, j - m_blocks));
-            cute::prefetch(params.tma_v, tVg(_, j - m_blocks));
-        }
-    }
-}
-
-// What a split CTA asks L2 for before its PDL wait, by how the next call's CTAs will find the SMs:
-// - with a free slot on every SM this grid uses, they all enter while this grid runs: each asks for
-//   its own tiles (prefetch_inputs);
-// - with fewer free slots than CTAs, the first CTAs the dispatcher places (blockIdx order) take them
-//   while the previous grid still runs, and the rest only once it has ended (NOTES.md, run 180): the
-//   first ones ask for the whole call, a share each, so the others' first loads find it in L2;
-// - with none, nobody: a prefetch that comes with the first loads only costs (+0.06 us on
-//   2,8,512,64 from every CTA, run 140).
-template <class Traits, bool kCausal>
-__device__ void prefetch_before_wait(typename Traits::Params const& params) {
-    if constexpr (kPdlKernel<Traits>) {
-        const unsigned grid = gridDim.x * gridDim.y * gridDim.z;
-        const unsigned sms = evo_sm90::sm_id_count();
-        if (grid <= sms * (Traits::kMinBlocksPerSm - 1)) {
-            prefetch_inputs<Traits, kCausal>(params);
-        } else if (grid < sms * Traits::kMinBlocksPerSm) {
-            // %nsmid may count more SMs than the card has: at most 16 parts.
-            const int parts = cute::min(int(sms * Traits::kMinBlocksPerSm - grid), 16);
-            const int cta = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
-            if (cta < parts) prefetch_call_inputs<Traits, kCausal>(params, cta, parts);
-        }
+// Whether this grid's CTAs prefetch their inputs: only where the next call's CTAs find a free slot
+// on every SM this grid uses. Where this grid fills an SM's slots they enter as these leave, and
+// the prefetch came late and cost (+0.06 us on 2,8,512,64, run 140). A kernel of one CTA an SM
+// never has one.
+template <class Traits>
+__device__ bool prefetches_inputs() {
+    if constexpr (kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1) {
+        constexpr unsigned kFreeSlots = Traits::kMinBlocksPerSm - 1;
+        return gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots;
+    } else {
+        return false;
     }
 }
 
@@ -292,7 +258,7 @@ template <class Traits, bool kCausal>
 __device__ void send_first_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                                  trace::Probe probe) {
     static_assert(Traits::kSplit, "one query tile a CTA");
-    prefetch_before_wait<Traits, kCausal>(params);
+    if (prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
     const TileScheduler<Traits, kCausal> scheduler{params};
     const TileCoord tile = scheduler.coord(scheduler.first());
     auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
@@ -644,8 +610,9 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                                                                         pipeline_v, probe);
         } else if (!kEarlyLoads<Traits> && warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
-        } else if (!kEarlyLoads<Traits> && kPdlKernel<Traits> && warp_in_group == 3 && cute::elect_one_sync()) {
-            prefetch_before_wait<Traits, kCausal>(params);
+        } else if (!kEarlyLoads<Traits> && kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1 && warp_in_group == 3 &&
+                   cute::elect_one_sync()) {
+            if (prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
         } else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
             Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
                                 Shape<_1, _1, _1>{}, cute::false_type{});
