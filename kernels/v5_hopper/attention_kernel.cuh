@@ -64,10 +64,11 @@ struct IssueTurn {
 
 // Programmatic dependent launch, in the split kernels only: the two instructions alone made the
 // causal kernels about 2 us slower per call in eager timing, launched without it (NOTES.md, run 22).
-// Only the two loading threads wait for the previous grid, each just before its first load: what
-// comes before (setmaxnreg, the pipelines, the tile's coordinates) reads nothing the previous grid
-// writes, and runs while it finishes; the consumers touch global memory only through what those
-// loads bring (NOTES.md, runs 31-32). The prefetch (prefetch_inputs) does not wait: it only asks L2
+// Only the loading threads wait for the previous grid, each just before its first load (at D=128
+// thread 0 alone, before the CTA's first barrier: kEarlyLoads): what comes before (setmaxnreg, the
+// pipelines, the tile's coordinates) reads nothing the previous grid writes, and runs while it
+// finishes; the consumers touch global memory only through what those loads bring (NOTES.md,
+// runs 31-32). The prefetch (prefetch_inputs) does not wait: it only asks L2
 // for lines, which the previous grid's stores then update there.
 template <class Traits>
 constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
