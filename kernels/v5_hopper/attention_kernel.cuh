@@ -137,10 +137,10 @@ __device__ auto key_value_partitions(typename Traits::Params const& params, Tile
 constexpr int kFirstKeyTiles = 2;
 // Where thread 0 sends them itself, before the CTA's first barrier (send_first_loads): in the D=128
 // split kernels, whose next grid is let in only after the key loop and so enters as this one's CTAs
-// leave (-0.27 to -0.29 us on 1,8,512,128). At D=64 the same change measured 0.04-0.10 us slower
+// leave (-0.26 to -0.29 us on 1,8,512,128). At D=64 the same change measured 0.04-0.10 us slower
 // on every split shape (NOTES.md, run 181).
 template <class Traits>
-constexpr bool kEarlyLoads = Traits::kSplit && (Traits::kHeadDim == 128 || V5_DEV_EARLY_LOADS_D64 > 0);
+constexpr bool kEarlyLoads = Traits::kSplit && Traits::kHeadDim == 128;
 
 // The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings. With
 // Traits::kSeparateV it fills the K ring alone and a thread of warp 2 the V ring, so a K load never
@@ -285,14 +285,6 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
         copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
     }
     probe.mark(trace::kKvIssued);
-}
-
-// V5_DEV_EARLY_LOADS_D64: the same at D=64, called out of line so the rest of the kernel keeps its
-// schedule (run 181's D=64 kernels moved in code send_first_loads does not touch).
-template <class Traits, bool kCausal>
-__device__ __noinline__ void send_first_loads_out_of_line(typename Traits::Params const& params,
-                                                          typename Traits::SharedStorage& shared) {
-    send_first_loads<Traits, kCausal>(params, shared, trace::Probe{});
 }
 
 // A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
@@ -581,11 +573,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
 #if V5_HOPPER_TRACE
             send_first_loads<Traits, kCausal>(params, shared, trace::Probe{&shared.trace_row});
 #else
-            if constexpr (Traits::kHeadDim == 64) {
-                send_first_loads_out_of_line<Traits, kCausal>(params, shared);
-            } else {
-                send_first_loads<Traits, kCausal>(params, shared, trace::Probe{});
-            }
+            send_first_loads<Traits, kCausal>(params, shared, trace::Probe{});
 #endif
         }
     }

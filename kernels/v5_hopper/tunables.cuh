@@ -136,9 +136,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development macro (off): the D=128 split kernels' early first loads (send_first_loads) at D=64 too,
-// called out of line.
-#ifndef V5_DEV_EARLY_LOADS_D64
-#define V5_DEV_EARLY_LOADS_D64 0
-#endif
