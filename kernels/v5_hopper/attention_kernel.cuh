@@ -16,7 +16,8 @@
 // split_block_m 64 those CTAs hold one consumer warp group, two to an SM (three where
 // split_ctas_per_sm allows). Those kernels launch with programmatic dependent launch; where the
 // grid leaves a slot on every SM, a thread of producer warp 3 asks L2 for the call's tiles before
-// the wait (prefetch_inputs).
+// the wait (prefetch_inputs). In the D=128 split kernels thread 0 sends a CTA's first loads itself,
+// before the CTA's first barrier (kEarlyLoads).
 //
 // Key tiles are visited from the last (the masked ones) down to the first. With a persistent
 // grid a CTA runs several query tiles: the rings' states, the barriers and the issue rotation
@@ -252,9 +253,10 @@ __device__ bool prefetches_inputs() {
 
 // kEarlyLoads: thread 0 of a split CTA, once it has initialised the barriers, sends the first loads
 // itself: the prefetch, the PDL wait, then Q and the first key tiles into stages 0, 1 (an empty
-// ring: nothing to acquire). Before the CTA's first __syncthreads, the producer's register release
-// and its pipeline objects, which a CTA that enters after the previous grid has finished (every
-// SM's slots taken, 2,8,512,64) had on its path to the first load (NOTES.md, run 180).
+// ring: nothing to acquire). So the CTA's first __syncthreads, the producer's register release and
+// its pipeline objects are off the path to its first load, which they were on for a CTA that
+// enters only as one of the previous grid's leaves (NOTES.md, runs 180-181). The K/V thread then
+// goes on from the third key tile, and the Q thread has nothing to do.
 template <class Traits, bool kCausal>
 __device__ void send_first_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                                  trace::Probe probe) {
