@@ -136,6 +136,9 @@ __device__ auto key_value_partitions(typename Traits::Params const& params, Tile
 
 // A split CTA's first loads: Q and this many key tiles, sent at once (the rest as produce_kv says).
 constexpr int kFirstKeyTiles = 2;
+__device__ __forceinline__ int first_key_tiles(evo_sm90::KeyShare const& span) {
+    return span.end - span.begin < kFirstKeyTiles ? span.end - span.begin : kFirstKeyTiles;
+}
 // Where thread 0 sends them itself, before the CTA's first barrier (send_first_loads): in the D=128
 // split kernels, whose next grid is let in only after the key loop and so enters as this one's CTAs
 // leave (-0.26 to -0.29 us on 1,8,512,128). At D=64 the same change measured 0.04-0.10 us slower
@@ -167,7 +170,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         if (first_load) probe.mark(trace::kKvScheduled);
         int first_n = span.end - 1;
         if constexpr (kFirstSent) {
-            const int sent = span.end - span.begin < kFirstKeyTiles ? span.end - span.begin : kFirstKeyTiles;
+            const int sent = first_key_tiles(span);
             for (int i = 0; i < sent; ++i) ++write;
             first_n -= sent;
         }
@@ -177,8 +180,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
             // later (0.64 us, NOTES.md, run 38); sent as stages came free, the V refills landed
             // just as the steps needed them (runs 125-126).
             if constexpr (Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
-                constexpr int kBurstTiles = kFirstKeyTiles;
-                if (n == span.end - 1 - kBurstTiles) {
+                if (n == span.end - 1 - kFirstKeyTiles) {
                     const auto first_stage = cutlass::make_producer_start_state<typename Traits::Pipeline>();
                     cutlass::arch::ClusterTransactionBarrier::wait(pipeline_k.producer_get_barrier(first_stage), 0);
                 }
@@ -277,7 +279,7 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
     Traits::BarrierQ::arrive_and_expect_tx(&shared.barrier_q[0], Traits::kTmaBytesQ);
     copy(params.tma_q.with(shared.barrier_q[0]), tQg, tQs(_, 0));
     probe.mark(trace::kQIssued);
-    const int sent = span.end - span.begin < kFirstKeyTiles ? span.end - span.begin : kFirstKeyTiles;
+    const int sent = first_key_tiles(span);
     for (int i = 0; i < sent; ++i) {
         auto& full_k = shared.pipeline_k.full_barrier_[i];
         auto& full_v = shared.pipeline_v.full_barrier_[i];
@@ -552,6 +554,11 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     const int warp_group = __shfl_sync(0xffffffff, threadIdx.x / cutlass::NumThreadsPerWarpGroup, 0);
     const unsigned long long entry_ns = V5_HOPPER_TRACE ? trace::global_ns() : 0;
     const unsigned long long entry_cycles = V5_HOPPER_TRACE ? clock64() : 0;
+#if V5_HOPPER_TRACE
+    const trace::Probe probe{&shared.trace_row};
+#else
+    const trace::Probe probe{};
+#endif
 
     if (threadIdx.x == 0) {
         prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
@@ -571,13 +578,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
 #if V5_HOPPER_TRACE
         trace::clear(shared.trace_row);
 #endif
-        if constexpr (kEarlyLoads<Traits>) {
-#if V5_HOPPER_TRACE
-            send_first_loads<Traits, kCausal>(params, shared, trace::Probe{&shared.trace_row});
-#else
-            send_first_loads<Traits, kCausal>(params, shared, trace::Probe{});
-#endif
-        }
+        if constexpr (kEarlyLoads<Traits>) send_first_loads<Traits, kCausal>(params, shared, probe);
     }
     const unsigned long long init_ns = V5_HOPPER_TRACE ? trace::global_ns() : 0;
     const unsigned long long init_cycles = V5_HOPPER_TRACE ? clock64() : 0;
@@ -590,11 +591,6 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     const unsigned long long synced_cycles = V5_HOPPER_TRACE ? clock64() : 0;
     // Programmatic dependent launch: this grid may have started while the previous kernel on the
     // stream was finishing. The loading threads wait for it before their first load (kPdlKernel).
-#if V5_HOPPER_TRACE
-    const trace::Probe probe{&shared.trace_row};
-#else
-    const trace::Probe probe{};
-#endif
     if (threadIdx.x == 0) {
         probe.mark_at(trace::kEntry, entry_ns, entry_cycles);
         probe.mark_at(trace::kInitDone, init_ns, init_cycles);
