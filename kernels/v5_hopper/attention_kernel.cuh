@@ -244,11 +244,24 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
 // with L2's 256-byte prefetch size, a lane of the warp each. Lines a load brought into L2 read about
 // 30% faster than lines a TMA prefetch did (run 186). Before the PDL wait the values may be stale:
 // nothing reads them, and L2 takes the previous grid's stores in place.
-__device__ __forceinline__ void warm_range(void const* base, int64_t bytes, int lane) {
+__device__ __forceinline__ unsigned warm_range(void const* base, int64_t bytes, int lane) {
     const char* p = static_cast<const char*>(base);
+    // The values, folded so that ptxas keeps the loads (it drops dead ones); unrolled so that the
+    // loads issue back to back and the folds wait for them after.
+    unsigned folded = 0;
+#pragma unroll 8
     for (int64_t o = int64_t(lane) * 256; o < bytes; o += 32 * 256) {
-        asm volatile("{ .reg .b32 discarded; ld.global.cg.L2::256B.b32 discarded, [%0]; }" :: "l"(p + o) : "memory");
+        unsigned value;
+        asm volatile("ld.global.cg.L2::256B.b32 %0, [%1];" : "=r"(value) : "l"(p + o));
+        folded ^= value;
     }
+    return folded;
+}
+
+// Keeps the folded values of warm_range alive: a store no call makes (seq_len is never negative).
+template <class Traits>
+__device__ __forceinline__ void keep_warm_loads(typename Traits::Params const& params, unsigned folded) {
+    if (params.seq_len < 0) reinterpret_cast<unsigned*>(params.o)[0] = folded;
 }
 
 // prefetch_inputs' tiles, warmed by the 32 lanes of producer warp 3.
@@ -263,18 +276,20 @@ __device__ void warm_inputs(typename Traits::Params const& params, int lane) {
     const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
     const int m_blocks = scheduler.m_blocks();
+    unsigned folded = 0;
     for (int n = span.end - 1; n >= span.begin; --n) {
         if (n % m_blocks != tile.m_block) continue;
         const int row = n * Traits::kBlockN;
         const int64_t bytes = int64_t(cute::min(int(Traits::kBlockN), S - row)) * D * int(sizeof(Element));
-        warm_range(params.k + (head_row + row) * D, bytes, lane);
-        warm_range(params.v + (head_row + row) * D, bytes, lane);
+        folded ^= warm_range(params.k + (head_row + row) * D, bytes, lane);
+        folded ^= warm_range(params.v + (head_row + row) * D, bytes, lane);
     }
     if (evo_sm90::cluster_rank() == 0) {
         const int row = tile.m_block * Traits::kBlockM;
         const int64_t bytes = int64_t(cute::min(int(Traits::kBlockM), S - row)) * D * int(sizeof(Element));
-        warm_range(params.q + (head_row + row) * D, bytes, lane);
+        folded ^= warm_range(params.q + (head_row + row) * D, bytes, lane);
     }
+    keep_warm_loads<Traits>(params, folded);
 }
 
 // V5_DEV_WARM 2: where the grid leaves fewer free slots than CTAs, the first CTAs in blockIdx order
@@ -286,9 +301,9 @@ __device__ void warm_call(typename Traits::Params const& params, int part, int p
     const int64_t bytes = elements * int64_t(sizeof(typename Traits::Element));
     const int64_t begin = bytes * part / parts / 256 * 256;
     const int64_t end = part + 1 == parts ? bytes : bytes * (part + 1) / parts / 256 * 256;
-    warm_range(reinterpret_cast<const char*>(params.q) + begin, end - begin, lane);
-    warm_range(reinterpret_cast<const char*>(params.k) + begin, end - begin, lane);
-    warm_range(reinterpret_cast<const char*>(params.v) + begin, end - begin, lane);
+    keep_warm_loads<Traits>(params, warm_range(reinterpret_cast<const char*>(params.q) + begin, end - begin, lane) ^
+                                        warm_range(reinterpret_cast<const char*>(params.k) + begin, end - begin, lane) ^
+                                        warm_range(reinterpret_cast<const char*>(params.v) + begin, end - begin, lane));
 }
 #endif
 
