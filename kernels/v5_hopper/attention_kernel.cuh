@@ -239,74 +239,6 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
     }
 }
 
-#if V5_DEV_WARM
-// Loads that bring a byte range into L2 and discard what they read: one 4-byte load per 256 bytes
-// with L2's 256-byte prefetch size, a lane of the warp each. Lines a load brought into L2 read about
-// 30% faster than lines a TMA prefetch did (run 186). Before the PDL wait the values may be stale:
-// nothing reads them, and L2 takes the previous grid's stores in place.
-__device__ __forceinline__ unsigned warm_range(void const* base, int64_t bytes, int lane) {
-    const char* p = static_cast<const char*>(base);
-    // The values, folded so that ptxas keeps the loads (it drops dead ones); unrolled so that the
-    // loads issue back to back and the folds wait for them after.
-    unsigned folded = 0;
-#pragma unroll 8
-    for (int64_t o = int64_t(lane) * 256; o < bytes; o += 32 * 256) {
-        unsigned value;
-        asm volatile("ld.global.cg.L2::256B.b32 %0, [%1];" : "=r"(value) : "l"(p + o));
-        folded ^= value;
-    }
-    return folded;
-}
-
-// Keeps the folded values of warm_range alive: a store no call makes (seq_len is never negative).
-template <class Traits>
-__device__ __forceinline__ void keep_warm_loads(typename Traits::Params const& params, unsigned folded) {
-    if (params.seq_len < 0) reinterpret_cast<unsigned*>(params.o)[0] = folded;
-}
-
-// prefetch_inputs' tiles, warmed by the 32 lanes of producer warp 3.
-template <class Traits, bool kCausal>
-__device__ void warm_inputs(typename Traits::Params const& params, int lane) {
-    using Element = typename Traits::Element;
-    constexpr int D = Traits::kHeadDim;
-    const int S = params.seq_len;
-    const TileScheduler<Traits, kCausal> scheduler{params};
-    const TileCoord tile = scheduler.coord(scheduler.first());
-    const int64_t head_row = (int64_t(tile.batch) * params.heads + tile.head) * S;
-    const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
-    const evo_sm90::KeyShare span = scheduler.key_span(keys);
-    const int m_blocks = scheduler.m_blocks();
-    unsigned folded = 0;
-    for (int n = span.end - 1; n >= span.begin; --n) {
-        if (n % m_blocks != tile.m_block) continue;
-        const int row = n * Traits::kBlockN;
-        const int64_t bytes = int64_t(cute::min(int(Traits::kBlockN), S - row)) * D * int(sizeof(Element));
-        folded ^= warm_range(params.k + (head_row + row) * D, bytes, lane);
-        folded ^= warm_range(params.v + (head_row + row) * D, bytes, lane);
-    }
-    if (evo_sm90::cluster_rank() == 0) {
-        const int row = tile.m_block * Traits::kBlockM;
-        const int64_t bytes = int64_t(cute::min(int(Traits::kBlockM), S - row)) * D * int(sizeof(Element));
-        folded ^= warm_range(params.q + (head_row + row) * D, bytes, lane);
-    }
-    keep_warm_loads<Traits>(params, folded);
-}
-
-// V5_DEV_WARM 2: where the grid leaves fewer free slots than CTAs, the first CTAs in blockIdx order
-// take them while the previous grid runs (run 180): those warm the whole call's Q, K and V, a share
-// each.
-template <class Traits>
-__device__ void warm_call(typename Traits::Params const& params, int part, int parts, int lane) {
-    const int64_t elements = int64_t(params.batch) * params.heads * params.seq_len * Traits::kHeadDim;
-    const int64_t bytes = elements * int64_t(sizeof(typename Traits::Element));
-    const int64_t begin = bytes * part / parts / 256 * 256;
-    const int64_t end = part + 1 == parts ? bytes : bytes * (part + 1) / parts / 256 * 256;
-    keep_warm_loads<Traits>(params, warm_range(reinterpret_cast<const char*>(params.q) + begin, end - begin, lane) ^
-                                        warm_range(reinterpret_cast<const char*>(params.k) + begin, end - begin, lane) ^
-                                        warm_range(reinterpret_cast<const char*>(params.v) + begin, end - begin, lane));
-}
-#endif
-
 // Whether this grid's CTAs prefetch their inputs: only where the next call's CTAs find a free slot
 // on every SM this grid uses. Where this grid fills an SM's slots they enter as these leave, and
 // the prefetch came late and cost (+0.06 us on 2,8,512,64, run 140). A kernel of one CTA an SM
@@ -677,23 +609,9 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                                                                         pipeline_v, probe);
         } else if (!kEarlyLoads<Traits> && warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
-#if V5_DEV_WARM
-        } else if (!kEarlyLoads<Traits> && kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1 && warp_in_group == 3) {
-            const int lane = int(threadIdx.x % 32);
-            if (prefetches_inputs<Traits>()) {
-                warm_inputs<Traits, kCausal>(params, lane);
-            } else if (V5_DEV_WARM >= 2) {
-                const unsigned grid = gridDim.x * gridDim.y * gridDim.z;
-                const unsigned slots = evo_sm90::sm_id_count() * Traits::kMinBlocksPerSm;
-                const int cta = int(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
-                const int parts = grid < slots ? cute::min(int(slots - grid), 16) : 0;
-                if (cta < parts) warm_call<Traits>(params, cta, parts, lane);
-            }
-#else
         } else if (!kEarlyLoads<Traits> && kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1 && warp_in_group == 3 &&
                    cute::elect_one_sync()) {
             if (prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
-#endif
         } else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
             Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
                                 Shape<_1, _1, _1>{}, cute::false_type{});

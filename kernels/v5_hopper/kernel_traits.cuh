@@ -232,11 +232,6 @@ struct KernelTraits {
         int batch;
         float scale_log2;   // softmax scale x log2(e): the softmax runs on exp2
         int key_splits;     // CTAs per cluster sharing a query tile's keys (1 unless kSplit)
-#if V5_DEV_WARM
-        Element const* q;   // the tensors' bases, for the loads that warm L2
-        Element const* k;
-        Element const* v;
-#endif
 #if V5_HOPPER_TRACE
         trace::Buffer* trace = nullptr;   // the diagnostic build's timelines (trace.cuh)
 #endif

@@ -84,11 +84,6 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
         batch,
         scale * float(M_LOG2E),
         1,
-#if V5_DEV_WARM
-        q,
-        k,
-        v,
-#endif
     };
 }
 

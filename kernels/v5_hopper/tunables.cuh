@@ -136,10 +136,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development (run 187, off): the D=64 split kernels warm L2 with loads instead of TMA prefetches,
-// 1 where every CTA prefetches now, 2 also the whole call from the first CTAs of a grid that fills
-// an SM's slots but a few.
-#ifndef V5_DEV_WARM
-#define V5_DEV_WARM 0
-#endif
