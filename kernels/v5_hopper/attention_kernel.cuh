@@ -236,14 +236,6 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
         Tensor sQ = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutQ{});
         auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
         cute::prefetch(params.tma_q, tQg);
-#if V5_DEV_PREFETCH_O
-        // Development (run 189, off): the tile's O rows too, so that its stores find their lines in L2.
-        const int row0 = tile.m_block * Traits::kBlockM;
-        const int rows = cute::min(int(Traits::kBlockM), S - row0);
-        auto const* o_rows = params.o + ((int64_t(tile.batch) * params.heads + tile.head) * S + row0) * Traits::kHeadDim;
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;"
-                     :: "l"(o_rows), "r"(rows * Traits::kHeadDim * int(sizeof(typename Traits::Element))) : "memory");
-#endif
     }
 }
 

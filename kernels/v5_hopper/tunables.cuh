@@ -136,9 +136,3 @@
 #if V5_HOPPER_BLOCK_N_D128_FULL == 176 && !defined(CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
-
-// Development (run 189, off): the D=64 split CTAs that prefetch their inputs also ask L2 for their
-// tile's O rows.
-#ifndef V5_DEV_PREFETCH_O
-#define V5_DEV_PREFETCH_O 0
-#endif
