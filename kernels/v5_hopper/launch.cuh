@@ -112,6 +112,18 @@ inline cudaLaunchAttribute cluster_of(int splits) {
     return cluster;
 }
 
+// V5_DEV_CLUSTER_SPREAD (development, off; host code only): split launches and their occupancy query
+// ask for cudaClusterSchedulingPolicySpread (NOTES.md, run 194).
+#ifndef V5_DEV_CLUSTER_SPREAD
+#define V5_DEV_CLUSTER_SPREAD 0
+#endif
+inline cudaLaunchAttribute spread_policy() {
+    cudaLaunchAttribute policy;
+    policy.id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
+    policy.val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
+    return policy;
+}
+
 // Clusters of `splits` CTAs of this kernel that fit on the device at once (0 if unknown), read
 // once per device and split.
 template <class Traits, bool kCausal>
@@ -126,9 +138,9 @@ int max_active_clusters(int splits) {
     config.gridDim = dim3(unsigned(splits));
     config.blockDim = dim3(Traits::kThreads);
     config.dynamicSmemBytes = Traits::kSmemBytes;
-    cudaLaunchAttribute cluster = cluster_of(splits);
-    config.attrs = &cluster;
-    config.numAttrs = 1;
+    cudaLaunchAttribute cluster[2] = {cluster_of(splits), spread_policy()};
+    config.attrs = cluster;
+    config.numAttrs = V5_DEV_CLUSTER_SPREAD ? 2 : 1;
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, v5_hopper_attention_fwd<Traits, kCausal>, &config) != cudaSuccess) {
         cudaGetLastError();   // not sticky: clear it so the launch does not report it
@@ -204,9 +216,10 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     config.blockDim = dim3(Traits::kThreads);
     config.dynamicSmemBytes = Traits::kSmemBytes;
     config.stream = stream;
-    cudaLaunchAttribute attributes[2];
+    cudaLaunchAttribute attributes[3];
     unsigned count = 0;
     if constexpr (Traits::kSplit) attributes[count++] = cluster_of(params.key_splits);
+    if (Traits::kSplit && V5_DEV_CLUSTER_SPREAD) attributes[count++] = spread_policy();
     if (kPdlKernel<Traits> && use_pdl(stream)) {
         attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attributes[count].val.programmaticStreamSerializationAllowed = 1;
