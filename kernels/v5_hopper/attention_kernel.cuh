@@ -242,11 +242,11 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
 // Whether this grid's CTAs prefetch their inputs: only where the next call's CTAs find a free slot
 // on every SM this grid uses. Where this grid fills an SM's slots they enter as these leave, and
 // the prefetch came late and cost (+0.06 us on 2,8,512,64, run 140). A kernel of one CTA an SM
-// never has one; a slot class always leaves the third slot (split_alternate).
+// never has one.
 template <class Traits>
 __device__ bool prefetches_inputs() {
-    if constexpr (kPdlKernel<Traits> && Traits::kSmSlots > 1) {
-        constexpr unsigned kFreeSlots = Traits::kSmSlots - 1;
+    if constexpr (kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1) {
+        constexpr unsigned kFreeSlots = Traits::kMinBlocksPerSm - 1;
         return gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots;
     } else {
         return false;
@@ -544,12 +544,8 @@ __device__ typename Traits::Pipeline::Params pipeline_params(bool producer, bool
     return p;
 }
 
-// The register cap at entry that setmaxnreg needs, as __maxnreg__ rather than __launch_bounds__'s CTA
-// count: the register-bound slot class takes 88 registers with 256 threads, which no CTA count gives
-// (split_alternate). The other kernels' cap is the count's, and their SASS what __launch_bounds__ gave
-// but for the order of a few instructions in the barrier set-up (CPU host, NOTES.md, run 195).
 template <class Traits, bool kCausal>
-__global__ void __maxnreg__(Traits::kLaunchRegisters < 255 ? Traits::kLaunchRegisters : 255)
+__global__ void __launch_bounds__(Traits::kThreads, Traits::kMinBlocksPerSm)
 v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params) {
     extern __shared__ __align__(1024) unsigned char smem[];
     auto& shared = *reinterpret_cast<typename Traits::SharedStorage*>(smem);
@@ -613,7 +609,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                                                                         pipeline_v, probe);
         } else if (!kEarlyLoads<Traits> && warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
-        } else if (!kEarlyLoads<Traits> && kPdlKernel<Traits> && Traits::kSmSlots > 1 && warp_in_group == 3 &&
+        } else if (!kEarlyLoads<Traits> && kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1 && warp_in_group == 3 &&
                    cute::elect_one_sync()) {
             if (prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
         } else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {

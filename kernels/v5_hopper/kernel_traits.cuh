@@ -22,10 +22,8 @@ using namespace cute;
 // query tile's key tiles and merge their states; one query tile per CTA, so one Q buffer.
 // kFreeIssue_: the consumer warp groups issue without taking turns, and each one's softmax runs
 // under its own P V (free_issue_d128_min_keys: the long D=128 non-causal shapes).
-// kSlotClass_ (split_alternate): 0, or one of the two 64-row split kernels that alternate launch by
-// launch, each held at most twice by an SM and the two three times together (kRegisterBound, kSmemBound).
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kSplit_ = false,
-          bool kFreeIssue_ = false, int kSlotClass_ = 0>
+          bool kFreeIssue_ = false>
 struct KernelTraits {
     using Element = Element_;
     using ElementAccum = float;
@@ -47,10 +45,6 @@ struct KernelTraits {
     static_assert(kConsumerWarpGroups >= 1 && kConsumerWarpGroups <= 3 && kBlockM % 64 == 0,
                   "64, 128 or 192 query rows per CTA");
     static_assert(kConsumerWarpGroups > 1 || kSplit, "64-row tiles only for the split kernels (split_block_m)");
-    static constexpr int kSlotClass = kSlotClass_;
-    static constexpr bool kRegisterBound = kSlotClass == 1;
-    static constexpr bool kSmemBound = kSlotClass == 2;
-    static_assert(kSlotClass == 0 || (kSplit && kConsumerWarpGroups == 1), "slot classes: 64-row split CTAs only");
     static_assert(kHeadDim % 64 == 0, "head dim: whole 128-byte swizzle atoms");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "keys per stage: a wgmma N (and P V K) of 16..256");
 
@@ -209,36 +203,13 @@ struct KernelTraits {
     // D=64 and 171 KB at D=128 (split_block_n_d128: one to an SM); one CTA of more warp groups.
     static constexpr int kSmemCtasPerSm = 228 * 1024 / (kSmemBytes + 1024);
     static constexpr int kMinBlocksPerSm =
-        kSlotClass != 0           ? 2
-        : kConsumerWarpGroups > 1 ? 1
-        : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;
-    // CTA slots an SM has for this grid's CTAs and the next call's: a third beside two of a slot class.
-    static constexpr int kSmSlots = kSlotClass != 0 ? 3 : kMinBlocksPerSm;
-    // The slot classes (split_alternate). An SM has 65536 registers and 228 KB of shared memory (1 KB
-    // of it reserved per CTA). The shared-memory-bound kernel B is launched with kSlotSmemBytes, so
-    // three B do not fit; the register-bound kernel A gets kSlotRegistersA through __maxnreg__, so three
-    // A do not fit; two of either beside one of the other fit both.
-    static constexpr int kSlotRegistersB = (65536 / (kThreads * 3)) / 8 * 8;
-    static constexpr int kSlotRegistersA = (65536 / kThreads - kSlotRegistersB) / 2 / 8 * 8;
-    static constexpr int kSlotSmemBytes = 80 * 1024;
-    static_assert(kSlotClass == 0 || (3 * kSlotRegistersA * kThreads > 65536 &&
-                                      (2 * kSlotRegistersA + kSlotRegistersB) * kThreads <= 65536),
-                  "slot classes: three register-bound CTAs must not fit an SM's registers, two beside one other must");
-    static_assert(kSlotClass == 0 || (3 * (kSlotSmemBytes + 1024) > 228 * 1024 &&
-                                      2 * (kSmemBytes + 1024) + kSlotSmemBytes + 1024 <= 228 * 1024 &&
-                                      kSmemBytes + 1024 + 2 * (kSlotSmemBytes + 1024) <= 228 * 1024),
-                  "slot classes: three shared-memory-bound CTAs must not fit an SM, two beside one other must "
-                  "(split_block_n 64 and two stages)");
-    // The dynamic shared memory a launch asks for.
-    static constexpr int kLaunchSmemBytes = kSmemBound ? kSlotSmemBytes : kSmemBytes;
+        kConsumerWarpGroups > 1 ? 1 : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;
     // setmaxnreg budgets: the producer only issues copies; the consumers hold S, P and O. The
     // warp groups can only trade the registers the CTA was launched with (65536 / threads / CTAs
     // per SM, in steps of 8): 168 x 384 = 64512 for two consumer groups, 128 x 512 = 65536 for
     // three, 128 x 256 x 2 CTAs (or 80 x 256 x 3) for one. Asking for more than that makes setmaxnreg.inc wait
     // forever (a hang seen on the H100, run 4).
-    static constexpr int kLaunchRegisters = kRegisterBound ? kSlotRegistersA
-                                            : kSmemBound   ? kSlotRegistersB
-                                                           : (65536 / (kThreads * kMinBlocksPerSm)) / 8 * 8;
+    static constexpr int kLaunchRegisters = (65536 / (kThreads * kMinBlocksPerSm)) / 8 * 8;
     // The producer at 24 registers spills; at 32 it does not since Q has a thread of its own (run 18),
     // which lets three consumer groups have 160 (at 152 the 192-row D=64 kernels spilled 48 bytes).
     static constexpr int kProducerRegisters = kConsumerWarpGroups == 2 ? 40 : 32;

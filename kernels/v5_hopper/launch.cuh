@@ -36,8 +36,6 @@ std::atomic<uint64_t> configured_devices{0};
 // fits none is read once too); internal for the same reason.
 template <class Traits, bool kCausal>
 std::atomic<int> active_clusters[64][Traits::kMaxSplits + 1] = {};
-// Split launches of the slot-class pair so far (split_alternate); internal for the same reason.
-std::atomic<unsigned> split_launches{0};
 }  // namespace
 
 namespace detail {
@@ -52,12 +50,12 @@ cudaError_t configure_once() {
     const uint64_t bit = device < 64 ? (uint64_t{1} << device) : 0;
     auto& configured = configured_devices<Traits, kCausal>;
     if (bit != 0 && (configured.load(std::memory_order_acquire) & bit)) return cudaSuccess;
-    constexpr auto kernel = v5_hopper_attention_fwd<Traits, kCausal>;
-    status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kLaunchSmemBytes);
+    status = cudaFuncSetAttribute(v5_hopper_attention_fwd<Traits, kCausal>,
+                                  cudaFuncAttributeMaxDynamicSharedMemorySize, Traits::kSmemBytes);
     // Several CTAs to an SM need the whole carveout as shared memory; the default is only a hint.
-    if (status == cudaSuccess && Traits::kSmSlots > 1) {
-        status = cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      cudaSharedmemCarveoutMaxShared);
+    if (status == cudaSuccess && Traits::kMinBlocksPerSm > 1) {
+        status = cudaFuncSetAttribute(v5_hopper_attention_fwd<Traits, kCausal>,
+                                      cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared);
     }
     if (status == cudaSuccess) configured.fetch_or(bit, std::memory_order_release);
     return status;
@@ -114,18 +112,6 @@ inline cudaLaunchAttribute cluster_of(int splits) {
     return cluster;
 }
 
-// V5_DEV_CLUSTER_SPREAD (development, off; host code only): split launches and their occupancy query
-// ask for cudaClusterSchedulingPolicySpread (NOTES.md, run 194).
-#ifndef V5_DEV_CLUSTER_SPREAD
-#define V5_DEV_CLUSTER_SPREAD 0
-#endif
-inline cudaLaunchAttribute spread_policy() {
-    cudaLaunchAttribute policy;
-    policy.id = cudaLaunchAttributeClusterSchedulingPolicyPreference;
-    policy.val.clusterSchedulingPolicyPreference = cudaClusterSchedulingPolicySpread;
-    return policy;
-}
-
 // Clusters of `splits` CTAs of this kernel that fit on the device at once (0 if unknown), read
 // once per device and split.
 template <class Traits, bool kCausal>
@@ -139,10 +125,10 @@ int max_active_clusters(int splits) {
     cudaLaunchConfig_t config = {};
     config.gridDim = dim3(unsigned(splits));
     config.blockDim = dim3(Traits::kThreads);
-    config.dynamicSmemBytes = Traits::kLaunchSmemBytes;
-    cudaLaunchAttribute cluster[2] = {cluster_of(splits), spread_policy()};
-    config.attrs = cluster;
-    config.numAttrs = V5_DEV_CLUSTER_SPREAD ? 2 : 1;
+    config.dynamicSmemBytes = Traits::kSmemBytes;
+    cudaLaunchAttribute cluster = cluster_of(splits);
+    config.attrs = &cluster;
+    config.numAttrs = 1;
     int clusters = 0;
     if (cudaOccupancyMaxActiveClusters(&clusters, v5_hopper_attention_fwd<Traits, kCausal>, &config) != cudaSuccess) {
         cudaGetLastError();   // not sticky: clear it so the launch does not report it
@@ -216,12 +202,11 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
         config.gridDim = dim3(unsigned(ctas));
     }
     config.blockDim = dim3(Traits::kThreads);
-    config.dynamicSmemBytes = Traits::kLaunchSmemBytes;
+    config.dynamicSmemBytes = Traits::kSmemBytes;
     config.stream = stream;
-    cudaLaunchAttribute attributes[3];
+    cudaLaunchAttribute attributes[2];
     unsigned count = 0;
     if constexpr (Traits::kSplit) attributes[count++] = cluster_of(params.key_splits);
-    if (Traits::kSplit && V5_DEV_CLUSTER_SPREAD) attributes[count++] = spread_policy();
     if (kPdlKernel<Traits> && use_pdl(stream)) {
         attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attributes[count].val.programmaticStreamSerializationAllowed = 1;
@@ -260,12 +245,6 @@ struct Kernels {
     using Split = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, kSplitBlockN,
                                kHeadDim == 64 ? V5_HOPPER_SPLIT_STAGES_D64 : 2, true>;
     static constexpr bool kFreeIssueKernel = kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0;
-    // split_alternate: a D=64 split grid of more CTAs than SMs alternates between two kernels of two
-    // stages that an SM holds at most two of each and three of together, so a call's CTAs sit two to an
-    // SM and the next call's find a third slot (NOTES.md, runs 194-195).
-    static constexpr bool kAlternate = V5_HOPPER_SPLIT_ALTERNATE && kHeadDim == 64 && V5_HOPPER_SPLIT_BLOCK_M == 64;
-    using SplitA = KernelTraits<Element, kHeadDim, 64, kSplitBlockN, 2, true, false, 1>;
-    using SplitB = KernelTraits<Element, kHeadDim, 64, kSplitBlockN, 2, true, false, 2>;
 
     // The split never gives a CTA fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key
     // stage each cost more than 2 of one 128-key stage on (1,8,256,64), the merge being paid for less
@@ -276,30 +255,11 @@ struct Kernels {
     }
     static int split_m_blocks(int seq_len) { return (seq_len + Split::kBlockM - 1) / Split::kBlockM; }
 
-    template <class Traits>
-    static int split_as(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads,
-                        int seq_len, float scale, int splits, cudaStream_t stream) {
-        auto params = make_params<Traits>(q, k, v, o, batch, heads, seq_len, scale);
-        params.key_splits = splits;
-        return launch_traits<Traits, false>(params, stream);
-    }
-
     static int split(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads, int seq_len,
                      float scale, int splits, cudaStream_t stream) {
-        if constexpr (kAlternate) {
-            const int64_t tiles = int64_t(split_m_blocks(seq_len)) * heads * batch;
-            if (tiles * splits > sm_count() && tiles <= max_active_clusters<SplitA, false>(splits) &&
-                tiles <= max_active_clusters<SplitB, false>(splits)) {
-                // Launch by launch in the process, whatever the stream: which of the two a launch gets
-                // changes no result (the same code under two register budgets), only where the next
-                // launch's CTAs find room.
-                if (split_launches.fetch_add(1, std::memory_order_relaxed) & 1) {
-                    return split_as<SplitB>(q, k, v, o, batch, heads, seq_len, scale, splits, stream);
-                }
-                return split_as<SplitA>(q, k, v, o, batch, heads, seq_len, scale, splits, stream);
-            }
-        }
-        return split_as<Split>(q, k, v, o, batch, heads, seq_len, scale, splits, stream);
+        auto params = make_params<Split>(q, k, v, o, batch, heads, seq_len, scale);
+        params.key_splits = splits;
+        return launch_traits<Split, false>(params, stream);
     }
 
     static int unsplit(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads,

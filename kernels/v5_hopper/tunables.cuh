@@ -104,10 +104,6 @@
 #ifndef V5_HOPPER_SPLIT_CTAS_PER_SM
 #error "V5_HOPPER_SPLIT_CTAS_PER_SM undefined: the build passes it from variant.yaml (tunables.split_ctas_per_sm)"
 #endif
-// D=64 split grids of two CTAs an SM: alternate two kernels an SM holds three of together (kSlotClass)
-#ifndef V5_HOPPER_SPLIT_ALTERNATE
-#error "V5_HOPPER_SPLIT_ALTERNATE undefined: the build passes it from variant.yaml (tunables.split_alternate)"
-#endif
 // causal tile order: 0 head by head, 1 longest first across heads (non-persistent grids), 2 always,
 // 3 as 1 plus long/short pairs of one head on persistent grids (tile_order.cuh)
 #ifndef V5_HOPPER_CAUSAL_ORDER
