@@ -49,7 +49,9 @@ int main() {
     }
     unsigned long long* st; CK(cudaMalloc(&st, sizeof(unsigned long long) * kCalls * G * 4));
     cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-    printf("%-8s %5s | %8s | %s\n", "grid", "pro", "us/call", "per call, medians over calls 1-31, us from the previous call's last exit: early entries (>0.2 us before), entry p50, last entry, first/last past wait; SMs");
+    cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+    printf("regs grid       pro |  us/call | medians over calls 1-31, us from the previous call's last exit: early entries\n"
+           "                                (> 0.2 us before), entry p50, last entry, first..last past the wait; SMs used\n");
     for (int regs : {0, 1}) for (int cluster : {2, 1}) for (unsigned pro : {0u, 900u}) {
         cudaGraph_t g; cudaGraphExec_t ex;
         CK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
@@ -60,12 +62,12 @@ int main() {
             at[n].id = cudaLaunchAttributeProgrammaticStreamSerialization; at[n].val.programmaticStreamSerializationAllowed = 1; ++n;
             if (cluster > 1) { at[n].id = cudaLaunchAttributeClusterDimension; at[n].val.clusterDim.x = cluster; at[n].val.clusterDim.y = 1; at[n].val.clusterDim.z = 1; ++n; }
             cfg.attrs = at; cfg.numAttrs = n;
-            if (regs) CK(cudaLaunchKernelEx(&cfg, k<true>, a)); else CK(cudaLaunchKernelEx(&cfg, k<false>, a));
+            CK(cudaLaunchKernelEx(&cfg, regs ? k<true> : k<false>, a));
         }
         CK(cudaStreamEndCapture(s, &g)); CK(cudaGraphInstantiate(&ex, g, 0));
         for (int w = 0; w < 3; ++w) CK(cudaGraphLaunch(ex, s));
         CK(cudaStreamSynchronize(s));
-        cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
+        CK(cudaGetLastError());
         std::vector<float> per;
         for (int r = 0; r < 10; ++r) { CK(cudaEventRecord(e0, s)); CK(cudaGraphLaunch(ex, s)); CK(cudaEventRecord(e1, s)); CK(cudaEventSynchronize(e1)); float ms; CK(cudaEventElapsedTime(&ms, e0, e1)); per.push_back(ms * 1000 / kCalls); }
         std::sort(per.begin(), per.end());
@@ -83,8 +85,9 @@ int main() {
             sms.push_back(std::unique(smv.begin(), smv.end()) - smv.begin());
         }
         auto med = [](std::vector<double> v) { std::sort(v.begin(), v.end()); return v[v.size() / 2]; };
-        printf("%s %-8s %5u | %8.3f | early %4.0f, entry p50 %+6.2f, last entry %+6.2f, past wait %+5.2f..%+5.2f; %3.0f SMs\n", regs ? "r128" : "rmin", cluster > 1 ? "cl2" : "plain", pro, per[per.size() / 2],
-               med(early), med(entry50) / 1000, med(lastentry) / 1000, med(firstpass) / 1000, med(lastpass) / 1000, med(sms));
+        printf("%-4s %-8s %5u | %8.3f | early %4.0f, entry p50 %+6.2f, last entry %+6.2f, past wait %+5.2f..%+5.2f; %3.0f SMs\n",
+               regs ? "r128" : "rmin", cluster > 1 ? "cl2" : "plain", pro, per[per.size() / 2], med(early), med(entry50) / 1000,
+               med(lastentry) / 1000, med(firstpass) / 1000, med(lastpass) / 1000, med(sms));
         CK(cudaGraphExecDestroy(ex)); CK(cudaGraphDestroy(g));
     }
     return 0;
