@@ -63,6 +63,8 @@ def main() -> None:
     parser.add_argument("--raw", type=Path,
                         help="write the summarised calls' stamps here (.npz: ns and cycles per call, CTA and point)")
     args = parser.parse_args()
+    if args.graph_calls >= timeline.CALLS:
+        sys.exit(f"trace_v5: --graph-calls must be under {timeline.CALLS}, the rows trace.cuh keeps")
 
     import torch
 
@@ -73,9 +75,11 @@ def main() -> None:
 
     lib = args.lib or build(args.build_dir, args.set)
     forward = CudaVariant(lib)
-    for name in ("v5_hopper_trace_bytes", "v5_hopper_trace_copy", "v5_hopper_trace_reset"):
+    # v5_hopper_trace_next_call: the host picks each launch's row (a library from before that counted
+    # CTAs on the device, and its buffer's first word means something else).
+    for name in ("v5_hopper_trace_bytes", "v5_hopper_trace_copy", "v5_hopper_trace_reset", "v5_hopper_trace_next_call"):
         if not hasattr(forward.lib, name):
-            sys.exit(f"trace_v5: {lib} has no {name}: build it with {TRACE_FLAG}")
+            sys.exit(f"trace_v5: {lib} has no {name}: build it from this checkout with {TRACE_FLAG}")
     forward.lib.v5_hopper_trace_bytes.restype = ctypes.c_size_t
     if forward.lib.v5_hopper_trace_bytes() != timeline.buffer_bytes():
         sys.exit(f"trace_v5: {lib}'s trace buffer does not match scripts/evo_sdpa/timeline.py: rebuild it")
@@ -101,10 +105,11 @@ def main() -> None:
     timing = sweep_timing(load_repo_config()["timing"])
     timed = time_graph(calls, n_sets, args.graph_calls, StopRule.from_config(timing), timing["warmup_ms"])
     per_call_us = {name: result["stats"]["p50_us"] for name, result in timed.items()}
-    graph = capture_graph(calls["traced"], n_sets, args.graph_calls)
-
+    # A launch's row is fixed when it is captured: reset first, so the last graph_calls rows
+    # launched since (after capture_graph's warm-up calls) are this graph's calls in order.
     if forward.lib.v5_hopper_trace_reset() != 0:
         sys.exit("trace_v5: could not reset the trace buffer")
+    graph = capture_graph(calls["traced"], n_sets, args.graph_calls)
     graph.replay()
     graph.replay()
     torch.cuda.synchronize()

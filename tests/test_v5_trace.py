@@ -37,7 +37,7 @@ def synthetic(calls: int, grid: int, period: int, step: int) -> bytes:
     """`calls` calls of `grid` CTAs each; CTA c of call i enters at i * period + c, every point
     `step` ns after the one before it (cycles: twice the ns)."""
     words = np.zeros(timeline.buffer_bytes() // 8, dtype=np.uint64)
-    words[0] = calls * grid   # the kernel counts CTAs
+    words[0] = calls   # the host's copy counts launches
     words[2:2 + calls] = grid
     table = words[2 + timeline.CALLS:].reshape(2, timeline.CALLS, timeline.CTAS, timeline.SLOTS)
     for i in range(calls):
@@ -68,7 +68,7 @@ def test_synthetic_trace_gives_its_period_and_steps():
 
 def test_rows_wrap_around_the_ring():
     raw = bytearray(synthetic(timeline.CALLS, 4, 1_000, 10))
-    raw[:8] = np.uint64(4 * (timeline.CALLS + 3)).tobytes()
+    raw[:8] = np.uint64(timeline.CALLS + 3).tobytes()
     trace = timeline.parse(bytes(raw))
     assert trace["calls"] == timeline.CALLS + 3
     assert timeline.recent_calls(trace, 5) == [62, 63, 0, 1, 2]

@@ -631,8 +631,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
 #if V5_HOPPER_TRACE
         if (consumer_thread == 0) {
             probe.mark(trace::kExit);
-            if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();   // before reading the counter
-            trace::finish(params.trace, shared.trace_row, Traits::kSplit ? evo_sm90::cluster_rank() : 0);
+            trace::finish(params.trace, params.trace_call, shared.trace_row, Traits::kSplit ? evo_sm90::cluster_rank() : 0);
         }
 #endif
     }

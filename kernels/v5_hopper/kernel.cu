@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 #include <cutlass/numeric_types.h>
 
+#include <atomic>
+
 #include "evo_sdpa_abi.h"
 #include "trace.cuh"
 
@@ -80,17 +82,31 @@ extern "C" v5_hopper::trace::Buffer* v5_hopper_trace_buffer() {
     return buffer;
 }
 
+// Traced launches since the last reset. A graph captured after a reset bakes its launches' rows into
+// its nodes, so its replays rewrite the same rows in the same order.
+static std::atomic<unsigned long long> trace_launches{0};
+
+extern "C" EVO_SDPA_EXPORT int v5_hopper_trace_next_call() {
+    return int(trace_launches.fetch_add(1, std::memory_order_relaxed) % v5_hopper::trace::kCalls);
+}
+
 extern "C" EVO_SDPA_EXPORT size_t v5_hopper_trace_bytes(void) { return sizeof(v5_hopper::trace::Buffer); }
 
+// The buffer as the device holds it, with `calls` (its first word) set to the launches since the reset.
 extern "C" EVO_SDPA_EXPORT int v5_hopper_trace_copy(void* host) {
     auto* buffer = v5_hopper_trace_buffer();
     if (buffer == nullptr) return int(cudaErrorMemoryAllocation);
-    return int(cudaMemcpy(host, buffer, sizeof(*buffer), cudaMemcpyDeviceToHost));
+    const cudaError_t copied = cudaMemcpy(host, buffer, sizeof(*buffer), cudaMemcpyDeviceToHost);
+    if (copied == cudaSuccess) {
+        static_cast<v5_hopper::trace::Buffer*>(host)->calls = trace_launches.load(std::memory_order_relaxed);
+    }
+    return int(copied);
 }
 
 extern "C" EVO_SDPA_EXPORT int v5_hopper_trace_reset(void) {
     auto* buffer = v5_hopper_trace_buffer();
     if (buffer == nullptr) return int(cudaErrorMemoryAllocation);
+    trace_launches.store(0, std::memory_order_relaxed);
     return int(cudaMemset(buffer, 0, sizeof(*buffer)));
 }
 #endif

@@ -234,6 +234,7 @@ struct KernelTraits {
         int key_splits;     // CTAs per cluster sharing a query tile's keys (1 unless kSplit)
 #if V5_HOPPER_TRACE
         trace::Buffer* trace = nullptr;   // the diagnostic build's timelines (trace.cuh)
+        int trace_call = 0;               // this launch's row in them
 #endif
     };
 };

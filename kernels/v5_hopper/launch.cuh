@@ -218,6 +218,7 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     typename Traits::Params traced = params;
     traced.trace = v5_hopper_trace_buffer();
     if (traced.trace == nullptr) return int(cudaErrorMemoryAllocation);
+    traced.trace_call = v5_hopper_trace_next_call();
     const cudaError_t launched = cudaLaunchKernelEx(&config, v5_hopper_attention_fwd<Traits, kCausal>, traced);
 #else
     const cudaError_t launched = cudaLaunchKernelEx(&config, v5_hopper_attention_fwd<Traits, kCausal>, params);

@@ -5,10 +5,11 @@
 // Each probe stamps %globaltimer (ns, one clock for the whole card, so CTAs and consecutive calls
 // line up) and clock64 (the SM's cycles, finer, for spans inside one CTA) into the CTA's shared
 // memory: a probe costs two shared stores and may run before the PDL wait. At its end one thread
-// finds the call's row from a CTA counter (every CTA of the previous calls advanced it; read past
-// the wait, it is complete) and copies the stamps there. The counter is advanced by a reduction
-// nobody waits for: a returned atomic and a fence at each CTA's end measured about a microsecond
-// longer per call, on the very span being measured.
+// copies the stamps to the call's row, which the host picked at launch (Params::trace_call: a
+// launch counter modulo kCalls, baked into a captured graph's nodes), so the CTA's exit waits on
+// no global read and no atomic. It used to find the row from a CTA counter every CTA advanced,
+// read past the PDL wait: that read sat between each CTA's exit stamp and its real exit, on the
+// handover being measured (a returned atomic there had cost about a microsecond a call).
 #pragma once
 
 #include <cstdint>
@@ -63,7 +64,7 @@ constexpr int kCtas = 1024;    // CTAs past this are not recorded
 static_assert(kPoints + 1 <= kSlots, "points and the SM slot fit a row");
 
 struct Buffer {
-    unsigned long long ctas_done;   // CTAs whose row is written, since the last reset
+    unsigned long long calls;       // the host's copy fills it in: traced launches since the reset
     unsigned long long unused;
     unsigned long long grid[kCalls];                        // CTAs in each call's row's launch
     unsigned long long global_ns[kCalls][kCtas][kSlots];
@@ -105,16 +106,13 @@ __device__ __forceinline__ void clear(Row& row) {
     for (int i = 0; i < kSlots; ++i) row.ns[i] = row.cycles[i] = 0;
 }
 
-// One thread per CTA at its end, past the PDL wait (the previous calls' CTAs have all counted
-// themselves): the row goes to the call's place and the CTA counts itself with a reduction. The
+// One thread per CTA at its end: the row goes to the call's place (`call`, from the launch). The
 // other threads' stamps were made microseconds before (the loads they issued have landed); the
 // read is not ordered with them by a barrier, a liberty only this diagnostic build takes.
-__device__ __forceinline__ void finish(Buffer* b, Row const& row, int rank) {
+__device__ __forceinline__ void finish(Buffer* b, int call, Row const& row, int rank) {
     if (!V5_HOPPER_TRACE || b == nullptr) return;
-    const unsigned long long done = *reinterpret_cast<volatile unsigned long long*>(&b->ctas_done);
     const unsigned long long ctas = static_cast<unsigned long long>(gridDim.x) * gridDim.y * gridDim.z;   // a split grid is 3-D
     const unsigned long long cta = blockIdx.x + gridDim.x * (blockIdx.y + static_cast<unsigned long long>(gridDim.y) * blockIdx.z);
-    const unsigned long long call = done / ctas % kCalls;
     if (cta == 0) b->grid[call] = ctas;
     if (cta < kCtas) {
         for (int i = 0; i < kPoints; ++i) {
@@ -125,12 +123,13 @@ __device__ __forceinline__ void finish(Buffer* b, Row const& row, int rank) {
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         b->global_ns[call][cta][kPoints] = (unsigned long long)sm | ((unsigned long long)rank << 32);
     }
-    atomicAdd(&b->ctas_done, 1ull);
 }
 
 }  // namespace v5_hopper::trace
 
-// The host side: one buffer per process, allocated at the first traced launch (kernel.cu).
+// The host side (kernel.cu): one buffer per process, allocated at the first traced launch, and the
+// row of each traced launch (a counter since the last reset, modulo kCalls).
 #if V5_HOPPER_TRACE
 extern "C" v5_hopper::trace::Buffer* v5_hopper_trace_buffer();
+extern "C" int v5_hopper_trace_next_call();
 #endif

@@ -40,21 +40,21 @@ def buffer_bytes() -> int:
 
 
 def parse(raw: bytes) -> dict:
-    """The buffer as arrays: calls completed, each row's grid size, and (row, CTA, slot) stamps
-    in ns (globaltimer) and SM cycles (clock64); slot len(POINTS) holds SM | rank << 32."""
+    """The buffer as arrays: traced launches since the reset (the host's count, in the first word;
+    launch i wrote row i % CALLS), each row's grid size, and (row, CTA, slot) stamps in ns
+    (globaltimer) and SM cycles (clock64); slot len(POINTS) holds SM | rank << 32."""
     if len(raw) != buffer_bytes():
         raise ValueError(f"trace buffer is {len(raw)} bytes, trace.cuh's layout is {buffer_bytes()}: "
                          "rebuild the library against this checkout")
     words = np.frombuffer(raw, dtype=np.uint64)
     table = words[2 + CALLS:].reshape(2, CALLS, CTAS, SLOTS)
     grid = words[2:2 + CALLS].astype(np.int64)
-    # The kernel counts CTAs; every call since the reset had the grid of the first.
-    calls = int(words[0]) // int(grid[0]) if grid[0] > 0 else 0
-    return {"calls": calls, "grid": grid, "ns": table[0].astype(np.int64), "cycles": table[1].astype(np.int64)}
+    return {"calls": int(words[0]), "grid": grid, "ns": table[0].astype(np.int64), "cycles": table[1].astype(np.int64)}
 
 
 def recent_calls(trace: dict, count: int) -> list[int]:
-    """Rows of the last `count` completed calls, oldest first (at most CALLS - 1 back)."""
+    """Rows of the last `count` calls launched, oldest first (at most CALLS - 1 back): complete once
+    the device has synchronised."""
     done = trace["calls"]
     count = min(count, done, CALLS - 1)
     return [(done - count + i) % CALLS for i in range(count)]
