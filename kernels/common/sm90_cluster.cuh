@@ -81,6 +81,16 @@ __device__ __forceinline__ void init_receive_barrier(uint32_t barrier, uint32_t 
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier), "r"(bytes) : "memory");
 }
 
+// The same barrier in two halves: initialised with its one arrival pending, and that arrival made
+// later with the bytes (arm_receive_barrier), by a thread that knows the split count by then.
+__device__ __forceinline__ void init_unarmed_barrier(uint32_t barrier) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(barrier) : "memory");
+}
+
+__device__ __forceinline__ void arm_receive_barrier(uint32_t barrier, uint32_t bytes) {
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier), "r"(bytes) : "memory");
+}
+
 // Publishes this CTA's barrier initialisations to the cluster (before the relaxed arrival).
 __device__ __forceinline__ void fence_barrier_init() {
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");

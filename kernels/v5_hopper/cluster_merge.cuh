@@ -55,6 +55,22 @@ struct ClusterMerge {
         }
     }
 
+    // V5_DEV_INIT_FIRST (kInitFirst): entry initialises the most owned warps' barriers with their one
+    // arrival pending and no bytes, so it needs no split count; the owner's lane 0 arms its two at
+    // the merge. Pushes that land before that arrival take the transaction count below zero, and the
+    // phase cannot complete while the arrival is pending.
+    static constexpr bool kInitFirst = V5_DEV_INIT_FIRST > 0;
+    static __device__ void init_unarmed_barriers(typename Traits::SharedStorage& storage) {
+        for (int i = 0; i < Traits::kMostOwnedWarps * Traits::kLandings; ++i) {
+            evo_sm90::init_unarmed_barrier(cute::cast_smem_ptr_to_uint(&storage.receive_barrier[i]));
+        }
+    }
+    __device__ void arm_barriers(int owned) const {
+        evo_sm90::arm_receive_barrier(barrier(owned, 0), uint32_t((splits - 1) * Traits::kFirstLanding * Traits::kChunkBytes));
+        evo_sm90::arm_receive_barrier(
+            barrier(owned, 1), uint32_t((splits - 1) * (Traits::kSplitChunks - Traits::kFirstLanding) * Traits::kChunkBytes));
+    }
+
     // After the key loop, by every consumer warp (`warp` 0.. over the consumer warp groups), with the
     // rows' whole sums (`whole`, the quad's shares added): returns true in the owner of the warp's
     // rows, whose O then covers every key, normalised (it stores them); false elsewhere, where the
@@ -96,6 +112,9 @@ struct ClusterMerge {
             }
             probe.mark(trace::kMergeLanded);
             return false;
+        }
+        if constexpr (kInitFirst) {
+            if (lane == 0) arm_barriers(owned);
         }
         evo_sm90::wait_barrier<0>(barrier(owned, 0));
         probe.mark(trace::kMergeLanded);
