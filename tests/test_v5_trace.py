@@ -123,6 +123,24 @@ def test_traced_split_records_every_cta_in_order(tmp_path):
     assert 0.7 * summary["graph_per_call_us"] <= period_us <= 1.3 * summary["graph_per_call_us"]
 
 
+def test_handover_counts_early_entries_and_slots_taken_beside_running_ctas():
+    words = np.zeros(timeline.buffer_bytes() // 8, dtype=np.uint64)
+    words[0] = 2
+    words[2:4] = 4
+    table = words[2 + timeline.CALLS:].reshape(2, timeline.CALLS, timeline.CTAS, timeline.SLOTS)
+    entry, exit_, sm = timeline.POINTS.index("entry"), timeline.POINTS.index("exit"), len(timeline.POINTS)
+    # Call 0: CTAs 0, 1 on SM 0 and 2, 3 on SM 1, exit stamps 1000, 2000, 1500, 3000 (the last).
+    for cta, (on, at) in enumerate([(0, 1000), (0, 2000), (1, 1500), (1, 3000)]):
+        table[0, 0, cta, sm], table[0, 0, cta, exit_] = on, at
+    # Call 1: CTA 1 enters SM 1 at 1600, beside CTA 3 still running; the others after their SM emptied.
+    for cta, (on, at) in enumerate([(0, 2500), (1, 1600), (0, 2700), (1, 3100)]):
+        table[0, 1, cta, sm], table[0, 1, cta, entry] = on, at
+    result = timeline.handover(timeline.parse(words.tobytes()), 1, 0)
+    early = sum(at < 3000 - timeline.EARLY_ENTRY_NS for at in (2500, 1600, 2700, 3100))   # 3 at 200 ns
+    assert result == {"early_entries": early, "entries_beside_running": 1,
+                      "entry_lag_after_sm_exit_ns": 300.0}   # lags 500, 100, 700, 100
+
+
 def test_split_ranks_are_summarised_apart():
     raw = bytearray(synthetic(4, 8, 5_000, 100))
     words = np.frombuffer(raw, dtype=np.uint64).copy()

@@ -73,6 +73,33 @@ def _column(stamps: np.ndarray, point: str) -> np.ndarray:
     return stamps[:, POINTS.index(point)]
 
 
+# A CTA that enters more than this long before the previous call's last exit took a slot that was
+# free, or freed, while that call ran (the handover's backfill).
+EARLY_ENTRY_NS = 200
+
+
+def handover(trace: dict, row: int, previous_row: int) -> dict:
+    """How call `row`'s CTAs took the SMs' slots from call `previous_row`'s, by their stamps: how many
+    entered more than EARLY_ENTRY_NS before its last exit, how many entered an SM where one of its
+    CTAs had not yet stamped its exit, and the median lag from the last earlier exit stamp on a CTA's
+    SM to its entry (over the CTAs that have one; None where none has)."""
+    sm_slot = len(POINTS)
+    prev = trace["ns"][previous_row, :min(int(trace["grid"][previous_row]), CTAS)]
+    cur = trace["ns"][row, :min(int(trace["grid"][row]), CTAS)]
+    prev_sm, prev_exit = prev[:, sm_slot] & 0xFFFFFFFF, _column(prev, "exit")
+    entry = _column(cur, "entry")
+    beside, lags = 0, []
+    for sm, at in zip(cur[:, sm_slot] & 0xFFFFFFFF, entry):
+        exits = prev_exit[prev_sm == sm]
+        beside += bool((exits > at).any())
+        earlier = exits[exits <= at]
+        if earlier.size:
+            lags.append(int(at - earlier.max()))
+    return {"early_entries": int((entry < prev_exit.max() - EARLY_ENTRY_NS).sum()),
+            "entries_beside_running": beside,
+            "entry_lag_after_sm_exit_ns": float(np.median(lags)) if lags else None}
+
+
 def summarize_call(trace: dict, row: int, previous_row: int | None) -> dict:
     """One call: its span (first entry to last exit), the gap from the previous call's last exit
     to this call's first CTA past the PDL wait, and each step's median and max over the CTAs that
@@ -88,6 +115,7 @@ def summarize_call(trace: dict, row: int, previous_row: int | None) -> dict:
         summary["previous_exit_to_first_past_wait_ns"] = int(_column(ns, "past_wait").min() - previous_exit)
         summary["previous_exit_to_first_entry_ns"] = int(entry.min() - previous_exit)
         summary["period_ns"] = int(exit_.max() - previous_exit)
+        summary.update(handover(trace, row, previous_row))
     # A split cluster's ranks do different things at the merge (the owner waits, a pusher sends):
     # each step's median cycles per rank as well.
     ranks = ns[:, len(POINTS)] >> 32
@@ -124,6 +152,9 @@ def summarize(trace: dict, count: int) -> dict:
     keys = ("span_ns", "period_ns", "previous_exit_to_first_past_wait_ns", "previous_exit_to_first_entry_ns",
             "entry_spread_ns")
     medians = {key: statistics.median(call[key] for call in calls) for key in keys}
+    for key in ("early_entries", "entries_beside_running", "entry_lag_after_sm_exit_ns"):
+        values = [call[key] for call in calls if call[key] is not None]
+        medians[key] = statistics.median(values) if values else None
     medians["steps"] = {step: {"median_ns": statistics.median(c["steps"][step]["median_ns"] for c in calls),
                                "max_ns": statistics.median(c["steps"][step]["max_ns"] for c in calls),
                                "median_cycles": statistics.median(c["steps"][step]["median_cycles"] for c in calls)}
@@ -145,6 +176,10 @@ def render(summary: dict) -> str:
              f"  previous last exit -> first entry   {m['previous_exit_to_first_entry_ns'] / 1000:7.2f} us",
              f"  previous last exit -> first past PDL wait {m['previous_exit_to_first_past_wait_ns'] / 1000:7.2f} us",
              f"  entry spread                        {m['entry_spread_ns'] / 1000:7.2f} us",
+             f"  CTAs entering > {EARLY_ENTRY_NS} ns before the previous last exit {m['early_entries']:g}; "
+             f"entering beside a previous CTA still running {m['entries_beside_running']:g}",
+             "  entry after the last earlier exit on its SM (median) " + (
+                 "-" if m["entry_lag_after_sm_exit_ns"] is None else f"{m['entry_lag_after_sm_exit_ns'] / 1000:.2f} us"),
              "  step (consumer thread 0, the K/V thread, the Q thread)   median ns   max ns   median cycles"]
     for step, s in m["steps"].items():
         lines.append(f"  {step:38s} {s['median_ns']:9.0f} {s['max_ns']:8.0f} {s['median_cycles']:12.0f}")
