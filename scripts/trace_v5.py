@@ -77,10 +77,12 @@ def main() -> None:
     forward = CudaVariant(lib)
     # v5_hopper_trace_next_call: the host picks each launch's row (a library from before that counted
     # CTAs on the device, and its buffer's first word means something else).
-    for name in ("v5_hopper_trace_bytes", "v5_hopper_trace_copy", "v5_hopper_trace_reset", "v5_hopper_trace_next_call"):
+    for name in ("v5_hopper_trace_bytes", "v5_hopper_trace_copy", "v5_hopper_trace_reset", "v5_hopper_trace_next_call",
+                 "v5_hopper_trace_launches"):
         if not hasattr(forward.lib, name):
             sys.exit(f"trace_v5: {lib} has no {name}: build it from this checkout with {TRACE_FLAG}")
     forward.lib.v5_hopper_trace_bytes.restype = ctypes.c_size_t
+    forward.lib.v5_hopper_trace_launches.restype = ctypes.c_ulonglong
     if forward.lib.v5_hopper_trace_bytes() != timeline.buffer_bytes():
         sys.exit(f"trace_v5: {lib}'s trace buffer does not match scripts/evo_sdpa/timeline.py: rebuild it")
 
@@ -105,6 +107,16 @@ def main() -> None:
     timing = sweep_timing(load_repo_config()["timing"])
     timed = time_graph(calls, n_sets, args.graph_calls, StopRule.from_config(timing), timing["warmup_ms"])
     per_call_us = {name: result["stats"]["p50_us"] for name, result in timed.items()}
+    # The summary pairs consecutive launches as consecutive calls: a call of two launches (a long
+    # call's tail split, tail_split.cuh) would pair its own two kernels.
+    if forward.lib.v5_hopper_trace_reset() != 0:
+        sys.exit("trace_v5: could not reset the trace buffer")
+    calls["traced"](0)
+    torch.cuda.synchronize()
+    launches = forward.lib.v5_hopper_trace_launches()
+    if launches != 1:
+        sys.exit(f"trace_v5: a call of {args.shape} makes {launches} launches (a tail split?); the timeline "
+                 "reads one launch a call, so trace a shape that launches once")
     # A launch's row is fixed when it is captured: reset first, so the last graph_calls rows
     # launched since (after capture_graph's warm-up calls) are this graph's calls in order.
     if forward.lib.v5_hopper_trace_reset() != 0:

@@ -90,6 +90,10 @@ extern "C" EVO_SDPA_EXPORT int v5_hopper_trace_next_call() {
     return int(trace_launches.fetch_add(1, std::memory_order_relaxed) % v5_hopper::trace::kCalls);
 }
 
+extern "C" EVO_SDPA_EXPORT unsigned long long v5_hopper_trace_launches(void) {
+    return trace_launches.load(std::memory_order_relaxed);
+}
+
 extern "C" EVO_SDPA_EXPORT size_t v5_hopper_trace_bytes(void) { return sizeof(v5_hopper::trace::Buffer); }
 
 // The buffer as the device holds it, with `calls` (its first word) set to the launches since the reset.

@@ -15,8 +15,8 @@
 //   dsmem   the cluster barrier at entry and a push of 18 KB into the other rank with st.async,
 //           waited for before the exit (the cluster merge);
 //   store   8 KB of global stores before the exit (O);
-//   trexit  after the exit stamp, the traced build's trace::finish: a read of one counter that
-//           every CTA of the grid advances with a reduction, and the reduction;
+//   trexit  after the exit stamp, the old traced build's trace::finish: a PDL wait, a read of one
+//           counter that every CTA of the grid advances with a reduction, 66 stores, the reduction;
 //   scramble the exits in a scrambled cluster order (the split call's are only loosely in
 //           blockIdx order) instead of blockIdx order;
 //   3d      the split launch's grid, (16, 8, 2), instead of 256 along x.
@@ -43,7 +43,7 @@ struct Args {
     int call;
     unsigned long long* stamps;    // (call, CTA, 4): entry, past the wait, exit, SM
     const unsigned char* src;      // kSrcBytes, read by the loads
-    uint4* dst;                    // 8 KB a CTA, written by the stores
+    uint4* dst;                    // 16 KB a CTA: the stores' 8 KB, then trexit's row
     unsigned long long* counter;   // trexit's counter
 };
 
@@ -151,16 +151,18 @@ __global__ void __maxnreg__(128) k(const Args a) {
     // Every thread of the consumer warp group here (all 256 without roles).
     if (f & kStore) {
         const unsigned t = threadIdx.x % 128;
-        for (int j = 0; j < 4; ++j) a.dst[size_t(cta) * 512 + j * 128 + t] = make_uint4(cta, j, t, a.call);
+        for (int j = 0; j < 4; ++j) a.dst[size_t(cta) * 1024 + j * 128 + t] = make_uint4(cta, j, t, a.call);
     }
     if (threadIdx.x == ((f & kRoles) ? 128u : 0u)) {
         unsigned sm;
         asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
         unsigned long long* s = a.stamps + ((size_t)a.call * ctas + cta) * 4;
         s[0] = t_entry; s[1] = t_pass; s[2] = gt(); s[3] = sm;
-        if (f & kTraceExit) {   // trace::finish: the call's row from a counter every CTA advances
+        if (f & kTraceExit) {   // the old trace::finish: PDL wait, the counter's read, a row of 66 stores, the reduction
+            asm volatile("griddepcontrol.wait;" ::: "memory");
             const unsigned long long done = *reinterpret_cast<volatile unsigned long long*>(a.counter);
-            s[3] |= (done & 1ull) << 63;   // keeps the read; masked off on the host
+            unsigned long long* row = reinterpret_cast<unsigned long long*>(a.dst + size_t(cta) * 1024 + 512) + (done & 7ull);
+            for (int i = 0; i < 66; ++i) row[i * 8] = done + i;
             atomicAdd(a.counter, 1ull);
         }
     }
@@ -180,7 +182,7 @@ int main() {
     CK(cudaMalloc(&st, sizeof(unsigned long long) * kCalls * G * 4));
     CK(cudaMalloc(&counter, 8)); CK(cudaMemset(counter, 0, 8));
     CK(cudaMalloc(&src, kSrcBytes)); CK(cudaMemset(src, 1, kSrcBytes));
-    CK(cudaMalloc(&dst, size_t(G) * 8192));
+    CK(cudaMalloc(&dst, size_t(G) * 16384));
     cudaStream_t s; CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     cudaEvent_t e0, e1; CK(cudaEventCreate(&e0)); CK(cudaEventCreate(&e1));
     const Config configs[] = {
