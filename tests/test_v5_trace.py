@@ -121,6 +121,10 @@ def test_traced_split_records_every_cta_in_order(tmp_path):
         assert call["steps"]["consumer_start->q_ready"]["ctas"] == ctas
     period_us = summary["median"]["period_ns"] / 1000
     assert 0.7 * summary["graph_per_call_us"] <= period_us <= 1.3 * summary["graph_per_call_us"]
+    # The rows are the graph's calls in launch order (the host picks each launch's row): every call
+    # ends after the one before it, and none by more than a few graph periods (a warm-up row would).
+    for call in summary["calls"]:
+        assert 0 < call["period_ns"] / 1000 < 5 * summary["graph_per_call_us"], call["period_ns"]
 
 
 def test_handover_counts_early_entries_and_slots_taken_beside_running_ctas():
