@@ -562,6 +562,9 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
 
     // V5_DEV_INIT_FIRST: in the split kernels the barriers come before the first read of the constant bank.
     constexpr bool kInitFirst = Traits::kSplit && V5_DEV_INIT_FIRST > 0;
+    // V5_DEV_KEEP_LAUNCH_REGISTERS: the split kernels' warp groups keep the registers they launch with
+    // (no setmaxnreg), so every CTA holds the same allocation from entry to exit (NOTES.md, run 197).
+    constexpr bool kKeepLaunchRegisters = Traits::kSplit && V5_DEV_KEEP_LAUNCH_REGISTERS > 0;
     const auto prefetch_descriptors = [&] {
         prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
         prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
@@ -608,7 +611,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     }
 
     if (warp_group == 0) {
-        cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
+        if constexpr (!kKeepLaunchRegisters) cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
         const int warp_in_group = __shfl_sync(0xffffffff, (threadIdx.x / 32) % 4, 0);
         if (warp_in_group == 0 && cute::elect_one_sync()) {
             Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(true, true, Traits::kTmaBytesK),
@@ -630,7 +633,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
             produce_kv<Traits, kCausal, Rings::kV>(params, shared, pipeline_k, pipeline_v, trace::Probe{});
         }
     } else {
-        cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+        if constexpr (!kKeepLaunchRegisters) cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
         Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(false, false, Traits::kTmaBytesK),
                             Shape<_1, _1, _1>{}, cute::false_type{});
         Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(false, false, Traits::kTmaBytesV),

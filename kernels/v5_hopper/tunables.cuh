@@ -145,3 +145,10 @@
 #ifndef V5_DEV_INIT_FIRST
 #define V5_DEV_INIT_FIRST 0
 #endif
+
+// Development macro (off): the split kernels skip setmaxnreg, each warp group keeping the registers
+// the CTA launches with (128 a thread at D=64 two to an SM), against run 197's question whether a
+// register file traded by setmaxnreg keeps the next grid out of the slots this one frees.
+#ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
+#define V5_DEV_KEEP_LAUNCH_REGISTERS 0
+#endif
