@@ -73,22 +73,22 @@ __device__ __forceinline__ uint32_t map_to_rank(uint32_t local_smem, int rank) {
     return remote;
 }
 
-// A receive barrier: one arrival (made here, with the bytes it expects), completed by the
-// st.async pushes' byte counts. Pushes may land before this arrival: the transaction count may
-// run negative within a phase, and the phase cannot complete while the arrival is pending.
-__device__ __forceinline__ void init_receive_barrier(uint32_t barrier, uint32_t bytes) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(barrier) : "memory");
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier), "r"(bytes) : "memory");
-}
-
-// The same barrier in two halves: initialised with its one arrival pending, and that arrival made
-// later with the bytes (arm_receive_barrier), by a thread that knows the split count by then.
+// A receive barrier in two halves: initialised with its one arrival pending, and that arrival made
+// with the bytes it expects (arm_receive_barrier), completed by the st.async pushes' byte counts.
+// Pushes may land before the arrival: the transaction count may run negative within a phase, and
+// the phase cannot complete while the arrival is pending.
 __device__ __forceinline__ void init_unarmed_barrier(uint32_t barrier) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(barrier) : "memory");
 }
 
 __device__ __forceinline__ void arm_receive_barrier(uint32_t barrier, uint32_t bytes) {
     asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(barrier), "r"(bytes) : "memory");
+}
+
+// Both halves at once, by a thread that knows the bytes at initialisation.
+__device__ __forceinline__ void init_receive_barrier(uint32_t barrier, uint32_t bytes) {
+    init_unarmed_barrier(barrier);
+    arm_receive_barrier(barrier, bytes);
 }
 
 // Publishes this CTA's barrier initialisations to the cluster (before the relaxed arrival).

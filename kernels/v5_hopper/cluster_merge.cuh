@@ -45,13 +45,20 @@ struct ClusterMerge {
         return (owned * (splits - 1) + other) * Traits::kWarpStateBytes;
     }
 
-    // Entry, thread 0: two receive barriers per owned warp, expecting their chunks of S - 1 states
-    // (the caller fences the initialisations).
+    // The bytes an owned warp's landing receives: its chunks of the S - 1 other states.
+    template <int kLanding>
+    __device__ uint32_t landing_bytes() const {
+        constexpr int kChunks = kLanding == 0 ? Traits::kFirstLanding : Traits::kSplitChunks - Traits::kFirstLanding;
+        return uint32_t((splits - 1) * kChunks * Traits::kChunkBytes);
+    }
+
+    // Entry, thread 0: two receive barriers per owned warp, armed with their bytes (the caller fences
+    // the initialisations).
     __device__ void init_barriers() const {
+        static_assert(Traits::kLandings == 2, "an owned warp's states land in two halves");
         for (int owned = 0; owned < Traits::kConsumerWarps >> shift(); ++owned) {
-            evo_sm90::init_receive_barrier(barrier(owned, 0), uint32_t((splits - 1) * Traits::kFirstLanding * Traits::kChunkBytes));
-            evo_sm90::init_receive_barrier(
-                barrier(owned, 1), uint32_t((splits - 1) * (Traits::kSplitChunks - Traits::kFirstLanding) * Traits::kChunkBytes));
+            evo_sm90::init_receive_barrier(barrier(owned, 0), landing_bytes<0>());
+            evo_sm90::init_receive_barrier(barrier(owned, 1), landing_bytes<1>());
         }
     }
 
@@ -66,9 +73,8 @@ struct ClusterMerge {
         }
     }
     __device__ void arm_barriers(int owned) const {
-        evo_sm90::arm_receive_barrier(barrier(owned, 0), uint32_t((splits - 1) * Traits::kFirstLanding * Traits::kChunkBytes));
-        evo_sm90::arm_receive_barrier(
-            barrier(owned, 1), uint32_t((splits - 1) * (Traits::kSplitChunks - Traits::kFirstLanding) * Traits::kChunkBytes));
+        evo_sm90::arm_receive_barrier(barrier(owned, 0), landing_bytes<0>());
+        evo_sm90::arm_receive_barrier(barrier(owned, 1), landing_bytes<1>());
     }
 
     // After the key loop, by every consumer warp (`warp` 0.. over the consumer warp groups), with the
