@@ -43,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evo_sdpa.build import build_cuda, build_triton  # noqa: E402
 from evo_sdpa.config import load_repo_config  # noqa: E402
+from evo_sdpa.device import NO_DEVICE_REASON, cuda_available  # noqa: E402
 from evo_sdpa.errors import StageError  # noqa: E402
 from evo_sdpa.parity import build_matrix, run_case  # noqa: E402
 from evo_sdpa.runners import load_forward, sdpa_call  # noqa: E402
@@ -220,6 +221,19 @@ def resolution(timings: list[dict]) -> dict[str, dict]:
     return worst
 
 
+def parse_artifacts(specs: list[str]) -> list[tuple[str, str]]:
+    """Each --artifact as (name, path), checked before anything is built: NAME=PATH of a file."""
+    artifacts = []
+    for spec in specs:
+        name, equals, path = spec.partition("=")
+        if not equals or not name or not path:
+            raise StageError(f"--artifact {spec!r}: give NAME=PATH (a name for the sweep's rows, then the built library)")
+        if not Path(path).is_file():
+            raise StageError(f"--artifact {spec!r}: {path} is not a file; build the library first")
+        artifacts.append((name, path))
+    return artifacts
+
+
 def check_names(names: list[str]) -> None:
     """Each configuration, compared variant and artifact needs a name of its own (results are keyed by it)."""
     twice = sorted({name for name in names if names.count(name) > 1})
@@ -239,11 +253,13 @@ def main() -> int:
         raise StageError(f"--artifact: {variant.name} is a {variant.kind} variant; prebuilt libraries are CUDA's")
     # (variant, name, overrides, flags); a compared variant builds its defaults under <its name>/default
     jobs = [(variant, spec["name"], *overrides_of(variant, spec)) for spec in getattr(args, "configs", None) or []]
-    names = ([job[1] for job in jobs] + [other.name for other in others]
-             + [spec.split("=", 1)[0] for spec in args.artifact])
+    artifacts = parse_artifacts(args.artifact)
+    names = [job[1] for job in jobs] + [other.name for other in others] + [name for name, _ in artifacts]
     check_names(names + [replica_name(name) for name in args.replica])
     check_replicas(args.replica, names, variant.kind, [job[1] for job in jobs])
     jobs += [(other, "default", {}, []) for other in others]
+    if not cuda_available():
+        raise StageError(f"ab_sweep times configurations on a card: {NO_DEVICE_REASON}; run it on a GPU host")
 
     import torch
 
@@ -264,8 +280,7 @@ def main() -> int:
                                                          args.allow_spills), jobs))
     for b, other in zip(builds[len(builds) - len(others):], others):
         b["name"] = other.name
-    for spec in args.artifact:
-        name, path = spec.split("=", 1)
+    for name, path in artifacts:
         builds.append({"name": name, "variant": variant.name, "set": {}, "flags": [],
                        "verdict": {"status": "pass", "reasons": [], "artifact": path},
                        "registers": [], "spill_bytes": 0})

@@ -11,7 +11,11 @@ def main() -> None:
     p = parser(__doc__)
     p.add_argument("--lock-dir", type=Path, default=None, help="default: EVO_SDPA_LOCK_DIR or /tmp/evo-sdpa-locks")
     args = p.parse_args()
-    counts, problems = check(args.lock_dir or lock_dir())
+    directory = args.lock_dir or lock_dir()
+    counts, problems = check(directory)
+    if not counts:
+        fail(f"{directory}: no lock logs (*.jsonl) in it, so nothing to check; pass the --lock-dir "
+             "(or EVO_SDPA_LOCK_DIR) the GPU jobs ran with")
     for card, jobs in sorted(counts.items()):
         print(f"{card}: {jobs} job{'s' if jobs != 1 else ''}")
     if problems:

@@ -20,6 +20,9 @@ def main() -> None:
     if winner.get("source_dir"):
         raise StageError(f"{args.best}: the winner is a proposer's code ({winner['source_dir']}): "
                          "review and copy that folder over the variant by hand")
+    if not isinstance(winner.get("tunables"), dict):
+        raise StageError(f"{args.best}: its winner {winner.get('id', '?')!r} names no tunables (a best.json the "
+                         "evolve rule did not write?); rerun that rule to write it again")
     variant = load_variant(KERNELS_DIR / args.variant)
     updates = changed(variant, resolve(variant, winner["tunables"]))
     path = variant.folder / METADATA_FILE

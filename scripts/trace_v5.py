@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from evo_sdpa import timeline  # noqa: E402
 from evo_sdpa.config import load_repo_config  # noqa: E402
+from evo_sdpa.device import NO_DEVICE_REASON, cuda_available  # noqa: E402
+from evo_sdpa.errors import StageError, run_stage  # noqa: E402
 from evo_sdpa.stats import StopRule  # noqa: E402
 from evo_sdpa.tunables import parse_assignments  # noqa: E402
 from evo_sdpa.variants import KERNELS_DIR, load_variant, with_flags  # noqa: E402
@@ -27,7 +29,7 @@ from evo_sdpa.variants import KERNELS_DIR, load_variant, with_flags  # noqa: E40
 TRACE_FLAG = "-DV5_HOPPER_TRACE=1"
 
 
-def build(build_dir: Path, sets: list[str]) -> Path:
+def build(build_dir: Path, tunable_values) -> Path:
     import torch
 
     from evo_sdpa.build import build_cuda
@@ -37,7 +39,7 @@ def build(build_dir: Path, sets: list[str]) -> Path:
     # build allows them and says where.
     variant = with_flags(load_variant(KERNELS_DIR / "v5_hopper"), [TRACE_FLAG], allow_spills=True)
     verdict, resources, log = build_cuda(variant, f"{major}.{minor}", build_dir,
-                                         tunable_values=parse_assignments(sets))
+                                         tunable_values=tunable_values)
     (build_dir / "build.log").write_text(log)
     if verdict["status"] != "pass":
         sys.exit(f"trace_v5: the traced build failed ({build_dir / 'build.log'})")
@@ -48,9 +50,19 @@ def build(build_dir: Path, sets: list[str]) -> Path:
     return Path(verdict["artifact"])
 
 
+def shape_arg(text: str) -> tuple[int, int, int, int]:
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) != 4 or min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give B,H,S,D, four positive integers (e.g. 1,8,512,64)")
+    return shape
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--shape", required=True, help="B,H,S,D")
+    parser.add_argument("--shape", required=True, type=shape_arg, help="B,H,S,D")
     parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--lib", type=Path, help="a library built with -DV5_HOPPER_TRACE=1")
@@ -64,7 +76,15 @@ def main() -> None:
                         help="write the summarised calls' stamps here (.npz: ns and cycles per call, CTA and point)")
     args = parser.parse_args()
     if args.graph_calls >= timeline.CALLS:
-        sys.exit(f"trace_v5: --graph-calls must be under {timeline.CALLS}, the rows trace.cuh keeps")
+        parser.error(f"--graph-calls must be under {timeline.CALLS}, the rows trace.cuh keeps")
+    if args.lib is not None and not args.lib.is_file():
+        raise StageError(f"--lib {args.lib}: no such library; build it with {TRACE_FLAG}, or leave --lib out "
+                         "to build the traced one here")
+    if args.untraced is not None and not args.untraced.is_file():
+        raise StageError(f"--untraced {args.untraced}: no such library; build the variant without {TRACE_FLAG} first")
+    tunable_values = parse_assignments(args.set)
+    if not cuda_available():
+        raise StageError(f"trace_v5 replays the kernel on a card: {NO_DEVICE_REASON}; run it on a Hopper GPU host")
 
     import torch
 
@@ -73,7 +93,7 @@ def main() -> None:
     from evo_sdpa.shapes import torch_dtype
     from evo_sdpa.timing import capture_graph, input_sets_beyond_l2, sweep_timing, time_graph
 
-    lib = args.lib or build(args.build_dir, args.set)
+    lib = args.lib or build(args.build_dir, tunable_values)
     forward = CudaVariant(lib)
     # v5_hopper_trace_next_call: the host picks each launch's row (a library from before that counted
     # CTAs on the device, and its buffer's first word means something else).
@@ -86,7 +106,8 @@ def main() -> None:
     if forward.lib.v5_hopper_trace_bytes() != timeline.buffer_bytes():
         sys.exit(f"trace_v5: {lib}'s trace buffer does not match scripts/evo_sdpa/timeline.py: rebuild it")
 
-    B, H, S, D = (int(x) for x in args.shape.split(","))
+    B, H, S, D = args.shape
+    shape_text = ",".join(str(x) for x in args.shape)
     dtype = torch_dtype(args.dtype)
     first = make_qkv(B, H, S, D, dtype, "cuda", 0)
     n_sets = input_sets_beyond_l2(4 * first[0].numel() * first[0].element_size(), args.graph_calls)
@@ -115,7 +136,7 @@ def main() -> None:
     torch.cuda.synchronize()
     launches = forward.lib.v5_hopper_trace_launches()
     if launches != 1:
-        sys.exit(f"trace_v5: a call of {args.shape} makes {launches} launches (a tail split?); the timeline "
+        sys.exit(f"trace_v5: a call of {shape_text} makes {launches} launches (a tail split?); the timeline "
                  "reads one launch a call, so trace a shape that launches once")
     # A launch's row is fixed when it is captured: reset first, so the last graph_calls rows
     # launched since (after capture_graph's warm-up calls) are this graph's calls in order.
@@ -132,7 +153,7 @@ def main() -> None:
     summary = timeline.summarize(trace, args.graph_calls - 1)
     summary["graph_per_call_us"] = per_call_us["traced"]
     summary["untraced_graph_per_call_us"] = per_call_us.get("untraced")
-    print(f"{args.shape} {args.dtype}{' causal' if args.causal else ''}: graph x{args.graph_calls}, "
+    print(f"{shape_text} {args.dtype}{' causal' if args.causal else ''}: graph x{args.graph_calls}, "
           f"{n_sets} input sets, " + ", ".join(f"{name} {us:.2f} us per call" for name, us in per_call_us.items()))
     print(timeline.render(summary))
     if args.json:
@@ -142,4 +163,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run_stage(main)

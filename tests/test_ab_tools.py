@@ -4,6 +4,7 @@ leaves and the profiler reads. (The tunables side of ab_sweep's --set is in test
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -173,6 +174,28 @@ def test_ab_sweep_names_must_differ():
     module.check_names(["default", "s2", "v3_mma", "old"])
     with pytest.raises(StageError, match="two configurations named 'v3_mma'"):
         module.check_names(["default", "v3_mma", "v3_mma"])
+
+
+def test_ab_sweep_artifacts_are_name_and_an_existing_file(tmp_path):
+    module = load_script("ab_sweep")
+    library = touch(tmp_path / "d.so")
+    assert module.parse_artifacts([f"d={library}"]) == [("d", str(library))]
+    with pytest.raises(StageError, match="--artifact 'd': give NAME=PATH"):
+        module.parse_artifacts(["d"])
+    with pytest.raises(StageError, match="give NAME=PATH"):
+        module.parse_artifacts([f"={library}"])
+    with pytest.raises(StageError, match=f"{tmp_path / 'e.so'} is not a file"):
+        module.parse_artifacts([f"d={library}", f"e={tmp_path / 'e.so'}"])
+
+
+def test_ab_sweep_without_a_device_stops_in_one_line_before_any_build(tmp_path):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "ab_sweep.py"), "--variant", "v4_pipelined",
+                           "--out", str(tmp_path / "x.json"), "--config", "default"],
+                          capture_output=True, text=True, timeout=120, env={**os.environ, "EVO_SDPA_FORCE_CPU": "1"})
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.strip() == ("evo-sdpa: ab_sweep times configurations on a card: no CUDA device on this "
+                                   "host; run it on a GPU host")
+    assert not (tmp_path / "x.json").exists()
 
 
 # ---------------------------------------------------------------- ab_sweep.py: --replica

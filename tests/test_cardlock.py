@@ -136,6 +136,27 @@ def test_check_card_locks_script_exits_non_zero_on_an_overlap(tmp_path):
     assert proc.returncode == 1 and "evo-sdpa: card fake0:" in proc.stderr
 
 
+def test_check_card_locks_refuses_what_it_cannot_read(tmp_path):
+    script = SCRIPTS / "check_card_locks.py"
+
+    def check_script(directory):
+        return subprocess.run([sys.executable, str(script), "--lock-dir", str(directory)],
+                              capture_output=True, text=True)
+
+    missing = check_script(tmp_path / "typo")
+    assert missing.returncode == 1 and "no such lock folder" in missing.stderr
+    assert "Traceback" not in missing.stderr
+    empty = check_script(tmp_path)
+    assert empty.returncode == 1 and "no lock logs" in empty.stderr
+    job = start(tmp_path, "fake0", "bench ok", 0.0)
+    job.wait(timeout=30)
+    with open(tmp_path / "fake0.jsonl", "a") as log:
+        log.write('{"event": "acquired", "job": "cut')  # a job killed mid-write
+    torn = check_script(tmp_path)
+    assert torn.returncode == 1 and "fake0.jsonl: line 3 is not a lease event" in torn.stderr
+    assert "Traceback" not in torn.stderr and torn.stderr.count("\n") == 1
+
+
 def test_children_of_a_holder_run_on_its_card_without_a_lock(tmp_path):
     child = ("import json, sys; sys.path.insert(0, %r); from evo_sdpa.cardlock import hold;"
              " print(json.dumps(hold('child')))" % str(SCRIPTS))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -245,8 +246,36 @@ def test_tool_command_adds_padding_only_for_memcheck():
         assert ("--racecheck-report" in argv) == (tool == "racecheck")
 
 
-def test_sanitizer_env_turns_off_the_caching_allocator():
+FAKE_SANITIZER = """#!{python}
+import os, sys
+log = sys.argv[sys.argv.index("--log-file") + 1]
+target = sys.argv[sys.argv.index("--print-limit") + 2:]
+while target[0].startswith("--"):   # a tool's own options, then the target
+    target = target[2:]
+errors = [name + "=" + os.environ.get(name, "") for name in ("PYTORCH_NO_CUDA_MEMORY_CACHING", "CUDA_LAUNCH_BLOCKING")
+          if os.environ.get(name) != "1"]
+with open(log, "w") as out:
+    for error in errors:
+        out.write("========= the target ran with " + error + "\\n")
+    out.write("========= ERROR SUMMARY: %d errors\\n" % len(errors))
+sys.exit(os.spawnv(os.P_WAIT, target[0], target))
+"""
+
+
+def test_every_sanitizer_tool_runs_its_target_without_the_caching_allocator(tmp_path, monkeypatch):
     assert sanitizer.SANITIZER_ENV["PYTORCH_NO_CUDA_MEMORY_CACHING"] == "1"
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(FAKE_SANITIZER.format(python=sys.executable))
+    fake.chmod(0o755)
+    target = [sys.executable, "-c", "pass"]
+    monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "0")   # what the caller's shell had
+    results = sanitizer.run_tools(str(fake), ["memcheck", "racecheck", "initcheck", "synccheck"], 256, target, tmp_path)
+    assert [(r["tool"], r["status"]) for r in results] == [
+        ("memcheck", "pass"), ("racecheck", "pass"), ("initcheck", "pass"), ("synccheck", "pass")]
+    monkeypatch.setattr(sanitizer, "SANITIZER_ENV", {"CUDA_LAUNCH_BLOCKING": "1"})   # the setting dropped
+    (dropped,) = sanitizer.run_tools(str(fake), ["memcheck"], 256, target, tmp_path)
+    assert dropped["status"] == "fail" and dropped["reason"] == (
+        "1 error(s); first: the target ran with PYTORCH_NO_CUDA_MEMORY_CACHING=0")
 
 
 # ================================================================ a fake results/ tree
@@ -606,16 +635,38 @@ def test_cpu_host_says_what_did_not_run(cpu_leaderboard):
 # ---------------------------------------------------------------- plot
 
 
-def test_plot_speedups_with_rows(gpu_leaderboard, tmp_path):
+def test_plot_speedups_with_rows(gpu_leaderboard, tmp_path, drawn):
+    from matplotlib.container import BarContainer
+
     path = tmp_path / "speedup.png"
     report.plot_speedups(gpu_leaderboard, str(path))
     assert path.read_bytes()[:8] == PNG_SIGNATURE
+    assert not list(tmp_path.glob("*.partial.png"))
+    (ax,) = drawn[-1].axes
+    rows = {(e["name"], f"{r['shape']} {r['dtype']}"): r for e in gpu_leaderboard["variants"] for r in e["speedups"]}
+    labels = sorted({label for _, label in rows})
+    assert rows and [t.get_text() for t in ax.get_xticklabels()] == labels
+    bars = {c.get_label(): c for c in ax.containers if isinstance(c, BarContainer)}
+    assert sorted(bars) == sorted({name for name, _ in rows})
+    for name, container in bars.items():
+        heights = [patch.get_height() for patch in container.patches]
+        for label, height in zip(labels, heights):
+            if (name, label) in rows:
+                assert height == pytest.approx(rows[name, label]["speedup_p50"]), (name, label)
+            else:
+                assert height != height, (name, label)   # nan: no bar where the variant has no row
+    assert ax.get_yscale() == "log" and gpu_leaderboard["device"] in ax.get_title()
+    assert not ax.texts
 
 
-def test_plot_speedups_without_rows(cpu_leaderboard, tmp_path):
+def test_plot_speedups_without_rows(cpu_leaderboard, tmp_path, drawn):
     path = tmp_path / "empty.png"
     report.plot_speedups(cpu_leaderboard, str(path))
     assert path.read_bytes()[:8] == PNG_SIGNATURE
+    (ax,) = drawn[-1].axes
+    assert not ax.containers
+    assert [t.get_text() for t in ax.texts] == [
+        f"No speedup measured on {cpu_leaderboard['device']}.\n{cpu_leaderboard['not_run'][0]}"]
     no_lines = {**cpu_leaderboard, "not_run": []}
     report.plot_speedups(no_lines, str(tmp_path / "empty2.png"))
     assert (tmp_path / "empty2.png").read_bytes()[:8] == PNG_SIGNATURE

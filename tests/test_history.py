@@ -206,15 +206,38 @@ def test_rendered_summary_opens_with_the_verdict_and_compares_cards(gpu_leaderbo
 # ---------------------------------------------------------------- plots
 
 
-def test_plots_are_written_with_and_without_data(gpu_leaderboard, tmp_path):
-    for name, draw in (("roofline", plots.plot_roofline), ("latency", plots.plot_latency)):
-        draw(gpu_leaderboard, str(tmp_path / f"{name}.png"))
-        assert (tmp_path / f"{name}.png").read_bytes().startswith(PNG_SIGNATURE)
-    assert len(plots.latency_boxes(gpu_leaderboard)) == 2 * sum(len(e["speedups"]) for e in gpu_leaderboard["variants"])
-    plots.plot_evolution({}, str(tmp_path / "none.png"))
+def drawn_text(figure) -> list[str]:
+    return [t.get_text() for ax in figure.axes for t in ax.texts]
+
+
+def test_plots_are_written_with_and_without_data(gpu_leaderboard, tmp_path, drawn):
+    def draw(plot, data, name):
+        path = tmp_path / f"{name}.png"
+        plot(data, str(path))
+        assert path.read_bytes().startswith(PNG_SIGNATURE), name
+        assert not list(tmp_path.glob("*.partial.png"))
+        return drawn[-1]
+
+    device = gpu_leaderboard["device"]
+    roofline = draw(plots.plot_roofline, gpu_leaderboard, "roofline")
+    points = plots.roofline_points(gpu_leaderboard)
+    assert points and len(roofline.axes[0].collections) == len(points) and not drawn_text(roofline)
+    assert drawn_text(draw(plots.plot_roofline, {**gpu_leaderboard, "ceilings": {}}, "roofline_none")) == [
+        f"No roofline on {device}: the environment record has no measured ceilings (they are measured on a CUDA device)."]
+
+    speedups = [r for e in gpu_leaderboard["variants"] for r in e["speedups"]]
+    assert len(plots.latency_boxes(gpu_leaderboard)) == 2 * len(speedups)
+    latency = draw(plots.plot_latency, gpu_leaderboard, "latency")
+    panels = sorted(ax.get_title() for ax in latency.axes if ax.get_title())
+    assert panels == sorted({f"{r['shape']} {r['dtype']}" for r in speedups})
+    no_rows = {**gpu_leaderboard, "variants": [{**e, "speedups": []} for e in gpu_leaderboard["variants"]]}
+    assert drawn_text(draw(plots.plot_latency, no_rows, "latency_none")) == [f"No latency measured on {device}."]
+
+    assert drawn_text(draw(plots.plot_evolution, {}, "none")) == [
+        "No evolution ran (results/evolve/<variant>/curve.json holds none)."]
     curve = {"generations": [{"generation": 0, "best_fitness": 0.8}, {"generation": 1, "best_fitness": 1.1}]}
-    plots.plot_evolution({"v": curve}, str(tmp_path / "evo.png"))
-    assert (tmp_path / "evo.png").read_bytes().startswith(PNG_SIGNATURE)
+    (line, sdpa) = draw(plots.plot_evolution, {"v": curve}, "evo").axes[0].lines
+    assert line.get_label() == "v" and list(line.get_ydata()) == [0.8, 1.1] and sdpa.get_label() == "SDPA"
 
 
 # ---------------------------------------------------------------- the reproducibility bundle

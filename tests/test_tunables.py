@@ -4,7 +4,10 @@ holding no second copy of a default, the A/B sweep's --set, and promoting a winn
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -130,6 +133,18 @@ def test_promote_rewrites_only_the_defaults(tmp_path):
     assert len(promoted.splitlines()) == len(text.splitlines())
     with pytest.raises(StageError, match="no `default:` line found for tunable\\(s\\) nope"):
         promote_defaults(text, {"nope": 1})
+
+
+def test_promote_script_refuses_a_winner_without_tunables(tmp_path):
+    best = tmp_path / "best.json"
+    best.write_text(json.dumps({"variant": "v4_pipelined", "status": "measured", "winner": {"id": "g1"}}))
+    yaml_before = (REPO / "kernels" / "v4_pipelined" / "variant.yaml").read_bytes()
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "promote_tunables.py"), "--variant", "v4_pipelined",
+                          "--best", str(best)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "Traceback" not in run.stderr
+    assert run.stderr.strip() == (f"evo-sdpa: {best}: its winner 'g1' names no tunables (a best.json the evolve "
+                                  "rule did not write?); rerun that rule to write it again")
+    assert (REPO / "kernels" / "v4_pipelined" / "variant.yaml").read_bytes() == yaml_before
 
 
 # ---------------------------------------------------------------- the real kernels

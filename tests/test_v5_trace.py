@@ -6,6 +6,7 @@ that matches the graph's own timing."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -94,6 +95,21 @@ def test_a_buffer_of_another_layout_is_named():
 def test_too_few_calls_is_named():
     with pytest.raises(ValueError, match="fewer than two"):
         timeline.summarize(timeline.parse(synthetic(1, 4, 1_000, 10)), 8)
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["--shape", "1,8,512"], "'1,8,512': give B,H,S,D, four positive integers"),
+    (["--shape", "1,8,512,64", "--graph-calls", "64"], "--graph-calls must be under 64"),
+    (["--shape", "1,8,512,64", "--lib", "/nonexistent/trace.so"], "evo-sdpa: --lib /nonexistent/trace.so: no such library"),
+    (["--shape", "1,8,512,64", "--untraced", "/nonexistent/d.so"], "evo-sdpa: --untraced /nonexistent/d.so: no such"),
+    (["--shape", "1,8,512,64", "--set", "foo"], "evo-sdpa: --set 'foo': expected NAME=VALUE"),
+    (["--shape", "1,8,512,64"], "evo-sdpa: trace_v5 replays the kernel on a card: no CUDA device on this host"),
+])
+def test_trace_script_stops_in_one_line_on_what_a_user_can_fix(argv, line):
+    run = subprocess.run([sys.executable, str(REPO / "scripts" / "trace_v5.py"), *argv], capture_output=True,
+                         text=True, timeout=120, env={**os.environ, "EVO_SDPA_FORCE_CPU": "1"})
+    assert run.returncode in (1, 2) and "Traceback" not in run.stderr
+    assert line in run.stderr.strip().splitlines()[-1]
 
 
 @pytest.mark.gpu

@@ -212,10 +212,27 @@ def current() -> dict | None:
 
 
 def read_log(directory: Path) -> dict[str, list[dict]]:
-    """Every card's lease events, in the order they were appended."""
+    """Every card's lease events, in the order they were appended. A missing folder or a line that
+    is not a JSON object is a StageError: a check that read nothing, or half a log, proves nothing."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise StageError(f"{directory}: no such lock folder; pass --lock-dir or set {LOCK_DIR_ENV} "
+                         "to the folder the GPU jobs locked their cards in")
     logs = {}
-    for path in sorted(Path(directory).glob("*.jsonl")):
-        logs[path.stem] = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    for path in sorted(directory.glob("*.jsonl")):
+        events = []
+        for number, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                event = None
+            if not isinstance(event, dict) or "event" not in event:
+                raise StageError(f"{path}: line {number} is not a lease event (a job killed while writing it, "
+                                 "or another file); move the log aside to check the rest")
+            events.append(event)
+        logs[path.stem] = events
     return logs
 
 
