@@ -156,6 +156,37 @@ def test_gate_script_passes_on_a_speed_up(tmp_path):
     assert proc.returncode == 0, proc.stderr
     record = json.loads((tmp_path / "gates.json").read_text())
     assert record["status"] == "pass" and record["accepted_baseline"].endswith(".json")
+    assert record["checked"] == ["every result comes from one card model", "no variant slower or no longer correct "
+                                 f"than in the accepted run {Path(record['accepted_baseline']).name}"]
+    assert proc.stderr == ""
+
+
+def test_gate_script_says_when_its_pass_checked_next_to_nothing(tmp_path):
+    hist = tmp_path / "history"
+    path = history.append(hist, entry())
+    history.write_pointer(tmp_path / "pointer.json", path, entry())
+    (tmp_path / "lb.json").write_text(json.dumps({"variants": [], "card_mismatches": []}))
+
+    def gate(gates):
+        return subprocess.run([sys.executable, "scripts/check_gates.py", "--leaderboard", str(tmp_path / "lb.json"),
+                               "--history-entry", str(tmp_path / "pointer.json"), "--history", str(hist),
+                               "--config-json", json.dumps({"gates": gates}), "--out", str(tmp_path / "gates.json")],
+                              cwd=REPO, capture_output=True, text=True)
+
+    bare = gate(GATES)
+    assert bare.returncode == 0 and bare.stderr.strip() == (
+        f"evo-sdpa: {tmp_path / 'gates.json'}: no gate is configured (gates.required_variants, gates.min_speedup) "
+        "and no earlier run here is accepted (scripts/accept_run.py), so only the one-card-model check ran")
+    assert json.loads((tmp_path / "gates.json").read_text())["checked"] == ["every result comes from one card model"]
+    lb = {"variants": [{"name": "v", "funnel": {"build": "pass", "sanitizer": "pass", "parity": "pass"},
+                        "reasons": {}, "speedups": [{"shape": "B2 H8 S512 D64", "dtype": "fp16", "speedup_p50": 1.5}]}],
+          "card_mismatches": []}
+    (tmp_path / "lb.json").write_text(json.dumps(lb))
+    required = gate({**GATES, "required_variants": ["v"], "min_speedup": 1.2})
+    assert required.returncode == 0 and required.stderr == ""
+    assert json.loads((tmp_path / "gates.json").read_text())["checked"] == [
+        "every result comes from one card model", "v pass build, sanitizer and parity",
+        "v reach 1.2x SDPA's p50 on every measured shape"]
 
 
 # ---------------------------------------------------------------- the verdict
@@ -170,7 +201,7 @@ def test_verdict_best_per_shape_and_criteria(gpu_leaderboard):
     assert best[SUITE[2].label]["variant"] is None              # D=256 not supported: none measured
     results = {c["criterion"].split(" (")[0]: c["result"] for c in verdict["criteria"]}
     assert results["correct everywhere claimed"] == "not met"
-    assert verdict["since"]["lines"] == ["no earlier run on this card in the history"]
+    assert verdict["since"]["lines"] == ["none in the history"]
     for c in verdict["criteria"]:
         assert c["result"] in {"met", "not met", "not checked"} and c["detail"]
 
@@ -201,6 +232,7 @@ def test_rendered_summary_opens_with_the_verdict_and_compares_cards(gpu_leaderbo
     assert "Best per shape: **good**" in verdict and "slower: good" in verdict
     assert "Success criteria: correct everywhere claimed: **not met**" in verdict
     assert "## Speedup per card" in text and H200 in text
+    assert "Since the previous run on this card (" in text
 
 
 # ---------------------------------------------------------------- plots

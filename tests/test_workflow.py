@@ -417,16 +417,20 @@ def test_history_gate_and_accept_after_a_run(run_copy):
     pointer = json.loads((run_copy / "results/final/history_entry.json").read_text())
     first = run_copy / pointer["entry"]
     assert first.parent.parent == run_copy / "results/history" and first.exists()
-    snakemake(run_copy, "--cores", "1", "results/final/gates.json", "--configfile", "config/test.yaml")
+    bare = snakemake(run_copy, "--cores", "1", "results/final/gates.json", "--configfile", "config/test.yaml")
+    assert "so only the one-card-model check ran" in bare.stderr   # no gate configured, none accepted: said
     subprocess.run([sys.executable, "scripts/accept_run.py"], cwd=run_copy, check=True, capture_output=True)
     assert first.with_name(first.name + ".accepted").exists()
     before = first.read_text()
-    snakemake(run_copy, "--cores", "1", "results/final/gates.json", "--configfile", "config/test.yaml",
-              "--forcerun", "final_summary")
+    gated = snakemake(run_copy, "--cores", "1", "results/final/gates.json", "--configfile", "config/test.yaml",
+                      "--forcerun", "final_summary")
+    assert "one-card-model check" not in gated.stderr
+    assert json.loads((run_copy / "results/final/gates.json").read_text())["checked"][-1].startswith(
+        "no variant slower or no longer correct than in the accepted run")
     entries = sorted(first.parent.glob("*.json"))
     assert len(entries) == 2 and first.read_text() == before
     summary = (run_copy / "results/final/final_summary.md").read_text()
-    assert "Since the previous run on this card (" in summary
+    assert "Since the previous run on this host (" in summary
 
 
 def test_bundle_target_and_its_rerun_script_say_what_they_can_do_here(run_copy, tmp_path):

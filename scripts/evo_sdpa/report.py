@@ -21,6 +21,7 @@ STAMPED = ("build", "sanitizer", "parity", "bench", "ncu")
 # The verb a skipped record starts with; what follows is the reason itself.
 SKIP_VERBS = ("not run: ", "not measured: ", "not profiled: ", "not analysed: ")
 TEMPLATE = Path(__file__).resolve().parent / "templates" / "final_summary.md.j2"
+CPU_DEVICE = "cpu (no CUDA device)"  # the leaderboard's device where the env stage found none
 TOP_FINDINGS = 3
 
 
@@ -416,7 +417,7 @@ def build_leaderboard(layout: ResultsLayout, variants: list[str], cfg: dict, sui
     sdpa_analysis = read_record(layout.path("analysis", SDPA_ENTRY))
     ranked = sorted(entries, key=lambda e: -(e["geomean_speedup_p50"] or 0.0))
     return {
-        "device": env["device"]["name"] if env.get("device") else "cpu (no CUDA device)",
+        "device": env["device"]["name"] if env.get("device") else CPU_DEVICE,
         "git": env.get("git"),
         "versions": env.get("versions"),
         "ceilings": env.get("ceilings"),
@@ -448,7 +449,8 @@ def render(leaderboard: dict) -> str:
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATE.parent)),
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     env.filters["num"] = format_number
-    return env.get_template(TEMPLATE.name).render(lb=leaderboard, stages=STAGES, stamped=STAMPED)
+    here = "host" if leaderboard["device"] == CPU_DEVICE else "card"
+    return env.get_template(TEMPLATE.name).render(lb=leaderboard, stages=STAGES, stamped=STAMPED, here=here)
 
 
 def plot_speedups(leaderboard: dict, path: str) -> None:

@@ -94,7 +94,7 @@ def sm_busy(variants: list[dict]) -> dict:
 def changes(current: dict, previous: dict | None, threshold: float, noise_multiple: float) -> dict:
     """What changed since the previous run on the same card, as lines for the verdict."""
     if previous is None:
-        return {"previous": None, "lines": ["no earlier run on this card in the history"]}
+        return {"previous": None, "lines": ["none in the history"]}
     diff = compare(current, previous, threshold, noise_multiple)
     lines = [f"slower: {describe_change(x)}" for x in diff["regressions"]]
     lines += [f"faster: {describe_change(x)}" for x in diff["speedups"]]

@@ -47,7 +47,7 @@ rule gates:
         cfg=config_json("gates"),
     shell:
         logged("python3 {input.script} --leaderboard {input.leaderboard} --history-entry {input.history_entry}"
-               " --history {params.history} --config-json {params.cfg:q} --out {output}", stdout=False)
+               " --history {params.history} --config-json {params.cfg:q} --out {output}", notices=True, stdout=False)
 
 
 # The reproducibility bundle: everything the run measured and the code and config that measured
