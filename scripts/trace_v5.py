@@ -110,7 +110,8 @@ def main() -> None:
     shape_text = ",".join(str(x) for x in args.shape)
     dtype = torch_dtype(args.dtype)
     first = make_qkv(B, H, S, D, dtype, "cuda", 0)
-    n_sets = input_sets_beyond_l2(4 * first[0].numel() * first[0].element_size(), args.graph_calls)
+    set_bytes = 4 * first[0].numel() * first[0].element_size()
+    n_sets = input_sets_beyond_l2(set_bytes, args.graph_calls)
     sets = [first] + [make_qkv(B, H, S, D, dtype, "cuda", i) for i in range(1, n_sets)]
     outs = [torch.empty_like(qkv[0]) for qkv in sets]
     scale = 1 / math.sqrt(D)
@@ -126,7 +127,7 @@ def main() -> None:
         calls["untraced"] = call_of(CudaVariant(args.untraced))
     # The graph's per-call time, sampled as ab_sweep.py samples it (interleaved with the untraced build's).
     timing = sweep_timing(load_repo_config()["timing"])
-    timed = time_graph(calls, n_sets, args.graph_calls, StopRule.from_config(timing), timing["warmup_ms"])
+    timed = time_graph(calls, n_sets, args.graph_calls, StopRule.from_config(timing), timing["warmup_ms"], set_bytes)
     per_call_us = {name: result["stats"]["p50_us"] for name, result in timed.items()}
     # The summary pairs consecutive launches as consecutive calls: a call of two launches (a long
     # call's tail split, tail_split.cuh) would pair its own two kernels.

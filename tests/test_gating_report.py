@@ -524,6 +524,15 @@ def test_criteria_faster_everywhere():
     assert result["memory-safe and race-free (compute-sanitizer)"] == "not checked"
     result = {c["criterion"]: c["result"] for c in report.criteria(entry, ["A", "B", "C"])}
     assert result["faster than SDPA (p50) on every bench shape"] == "not met"
+    # B is faster in fp16 and slower in bf16: not a shape it beats SDPA on
+    entry["speedups"] = [{"shape": "A", "dtype": "fp16", "speedup_p50": 1.2}, {"shape": "A", "dtype": "bf16", "speedup_p50": 1.15},
+                         {"shape": "B", "dtype": "fp16", "speedup_p50": 1.2}, {"shape": "B", "dtype": "bf16", "speedup_p50": 0.8}]
+    result = {c["criterion"]: c["result"] for c in report.criteria(entry, ["A", "B"])}
+    assert result["faster than SDPA (p50) on every bench shape"] == "not met"
+    assert result["faster than SDPA (p50) on at least one bench shape"] == "met"
+    entry["speedups"] = [r for r in entry["speedups"] if r["shape"] == "B"]
+    result = {c["criterion"]: c["result"] for c in report.criteria(entry, ["A", "B"])}
+    assert result["faster than SDPA (p50) on at least one bench shape"] == "not met"
 
 
 def test_leaderboard_sdpa_baseline_and_not_run(gpu_leaderboard):

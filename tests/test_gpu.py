@@ -98,8 +98,8 @@ def test_graph_timing_rotates_sets_beyond_l2_unless_told_how_many():
     factories = {"sum": lambda q, k, v: (lambda: torch.add(q, k).add_(v))}  # reads all of q, k, v
     rotated = time_shape(factories, shape, "fp16", timing)["graph"]["sum"]
     in_l2 = time_shape(factories, shape, "fp16", timing, graph_sets=1)["graph"]["sum"]
-    assert "together larger than L2" in rotated["cache"] and not rotated["cache"].startswith("1 ")
-    assert in_l2["cache"].startswith("1 input sets") and "fits in L2" in in_l2["cache"]
+    assert "(together 64.0 MiB: larger than the" in rotated["cache"] and rotated["cache"].startswith("8 input sets")
+    assert in_l2["cache"].startswith("1 input sets rotated per replay (one set 8.0 MiB: fits in the")
     # The timing sets no L2 aside and the call sets none, so the label claims no reset.
     assert all(t["cache"].endswith("; no L2 set aside for persisting lines") for t in (rotated, in_l2))
     assert in_l2["stats"]["p50_us"] < rotated["stats"]["p50_us"], (in_l2["stats"], rotated["stats"])

@@ -52,6 +52,17 @@ def test_a_speed_up_passes_and_is_reported():
     assert diff["failures"] == [] and [x["variant"] for x in diff["comparison"]["speedups"]] == ["v"]
 
 
+def test_a_case_timed_another_way_is_not_compared():
+    graph = entry(p50=9.0)
+    graph["variants"]["v"]["cases"][CASE]["mode"] = "graph x32"
+    now = entry(p50=12.0)   # eager: slower per call, by the launch, not by the kernel
+    diff = regressions(now, graph, GATES)
+    assert diff["failures"] == [] and diff["comparison"]["regressions"] == []
+    assert diff["comparison"]["retimed"] == [f"v {CASE} (graph x32 -> eager)"]
+    lines = changes(now, graph, GATES["regression_threshold"], GATES["regression_noise_iqr"])["lines"]
+    assert lines == [f"timed another way, not compared: v {CASE} (graph x32 -> eager)"]
+
+
 def test_a_slowdown_within_the_noise_passes():
     # 5% slower, but each run's IQR is 8 µs: not beyond the noise.
     assert gate(entry(p50=100.0, iqr=8.0), entry(p50=105.0, iqr=1.0)) == []
@@ -204,6 +215,18 @@ def test_verdict_best_per_shape_and_criteria(gpu_leaderboard):
     assert verdict["since"]["lines"] == ["none in the history"]
     for c in verdict["criteria"]:
         assert c["result"] in {"met", "not met", "not checked"} and c["detail"]
+
+
+def test_best_per_shape_takes_the_worst_dtype_for_p50_and_for_p90():
+    from evo_sdpa.verdict import best_per_shape, p90_not_worse
+
+    rows = [{"shape": "A", "dtype": "fp16", "speedup_p50": 1.20, "speedup_p90": 0.90},
+            {"shape": "A", "dtype": "bf16", "speedup_p50": 1.15, "speedup_p90": 1.05}]
+    variant = {"name": "v", "speedups": rows, "criteria": [{"criterion": "correct on its whole declared support",
+                                                            "result": "met"}]}
+    (best,) = best_per_shape([variant], ["A"])
+    assert (best["dtype"], best["speedup_p50"], best["speedup_p90"]) == ("bf16", 1.15, 0.90)
+    assert p90_not_worse([best])["result"] == "not met"
 
 
 def test_sm_busy_is_not_checked_without_ncu_metrics():

@@ -192,6 +192,14 @@ def test_unpaired_series_are_refused():
         speedup_interval([1.0] * 10, [1.0] * 9)
 
 
+def test_too_few_rounds_bound_nothing_and_say_so():
+    """A call so slow that the time cap ends its timing after three rounds still gets a record."""
+    firm = speedup_interval([900_000.0, 905_000.0, 899_000.0], [450_000.0, 452_000.0, 451_000.0])
+    assert firm == {"ci95": None, "halves": None,
+                    "flag": "speedup not pinned: 3 round(s) before the time cap, at least 4 bound it"}
+    assert speedup_interval([12.0] * 4, [10.0] * 4)["ci95"] == [1.2, 1.2]
+
+
 # ---------------------------------------------------------------- rates
 
 

@@ -290,3 +290,15 @@ def test_without_a_driver_the_cache_label_claims_nothing_about_persisting_lines(
     reset = timing.PersistingL2Reset(0, driver=None)
     monkeypatch.setattr(reset, "driver", None)  # libcuda may load on a GPU host
     assert reset.describe() == ""
+
+
+def test_the_rotation_label_says_whether_the_sets_outgrow_l2():
+    """The graph's length caps the rotated sets, so a small shape's rotation can fit in L2: the
+    label says what the bytes are against the card's L2 (an H100's 50 MiB here)."""
+    l2, mib = 50 << 20, 1 << 20
+    assert timing.rotation_label(32, 1 * mib, l2) == (
+        "32 input sets rotated per replay (together 32.0 MiB: fits in the 50 MiB L2)")   # (1,8,256,64) fp16
+    assert timing.rotation_label(32, 2 * mib, l2) == (
+        "32 input sets rotated per replay (together 64.0 MiB: larger than the 50 MiB L2, 1.3x)")   # (1,8,512,64)
+    assert timing.rotation_label(1, 8 * mib, l2) == (
+        "1 input sets rotated per replay (one set 8.0 MiB: fits in the 50 MiB L2)")

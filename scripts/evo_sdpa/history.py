@@ -146,11 +146,13 @@ def regressed(cur: dict, base: dict, threshold: float, noise_multiple: float) ->
 
 def compare(current: dict, base: dict, threshold: float, noise_multiple: float) -> dict:
     """Per variant and case: regressions, speed-ups (the mirror rule), new variants and cases, and
-    which variants' sources changed. Only entries of the same device are ever compared."""
+    which variants' sources changed. Only entries of the same device are ever compared, and a case
+    only with the same case timed the same way (eager against graph replay, or a different graph
+    length, is a different measurement: listed as retimed, not compared)."""
     if current["device"] != base["device"]:
         raise StageError(f"history: cannot compare a run on {current['device']} with one on {base['device']}")
     out: dict = {"regressions": [], "speedups": [], "new": [], "changed_sources": [], "no_longer_correct": [],
-                 "sdpa_moved": []}
+                 "sdpa_moved": [], "retimed": []}
     for name, var in current["variants"].items():
         old = base["variants"].get(name)
         if old is None:
@@ -164,6 +166,9 @@ def compare(current: dict, base: dict, threshold: float, noise_multiple: float) 
             was = old["cases"].get(key)
             if was is None:
                 out["new"].append(f"{name} {key}")
+                continue
+            if case.get("mode") and was.get("mode") and case["mode"] != was["mode"]:
+                out["retimed"].append(f"{name} {key} ({was['mode']} -> {case['mode']})")
                 continue
             line = {"variant": name, "case": key, "before_us": was["variant_p50_us"],
                     "now_us": case["variant_p50_us"],

@@ -238,8 +238,9 @@ def criteria(entry: dict, suite_labels: list[str]) -> list[dict]:
     build = gate("build")
     if entry["build_unchecked"]:
         build = {"result": "not checked", "detail": entry["build_unchecked"]}
-    faster = {r["shape"] for r in entry["speedups"] if r["speedup_p50"] > 1.0}
     measured = {r["shape"] for r in entry["speedups"]}
+    # A shape is faster only where every dtype measured on it is: one dtype's win is not the shape's.
+    faster = measured - {r["shape"] for r in entry["speedups"] if r["speedup_p50"] <= 1.0}
     if not measured:
         why = entry["not_run_because"].get("bench") or "no bench shape was measured"
         beat_one = beat_all = {"result": "not checked", "detail": why}

@@ -99,6 +99,7 @@ class StopRule:
 # Two runs of the same code agree on a speedup to about this fraction when each pins it to half.
 REPEAT_TOLERANCE = 0.02
 BOOTSTRAP_RESAMPLES = 400
+MIN_ROUNDS = 4
 
 
 def speedup_interval(baseline_us: list[float], variant_us: list[float], seed: int = 0) -> dict:
@@ -106,11 +107,17 @@ def speedup_interval(baseline_us: list[float], variant_us: list[float], seed: in
     timing interleaves the two), so rounds are resampled together: a 95% bootstrap interval of the
     ratio. Rounds are time-ordered, so the ratio of the first half against the second shows a
     drift (clocks, another tenant) that resampling would average away. `flag` says why the ratio
-    is not pinned to REPEAT_TOLERANCE (the interval wider, or the halves further apart), else None."""
+    is not pinned to REPEAT_TOLERANCE (the interval wider, or the halves further apart), else None.
+    Fewer than MIN_ROUNDS rounds (calls so slow that the time cap came first) bound nothing: no
+    interval, and a flag that says so."""
     import numpy as np
 
-    if len(baseline_us) != len(variant_us) or len(baseline_us) < 4:
-        raise ValueError("speedup_interval needs paired rounds, at least 4")
+    if len(baseline_us) != len(variant_us):
+        raise ValueError("speedup_interval needs paired rounds")
+    if len(baseline_us) < MIN_ROUNDS:
+        return {"ci95": None, "halves": None,
+                "flag": f"speedup not pinned: {len(baseline_us)} round(s) before the time cap, "
+                        f"at least {MIN_ROUNDS} bound it"}
     base, var = np.asarray(baseline_us), np.asarray(variant_us)
     ratio = float(np.median(base) / np.median(var))
     picks = np.random.default_rng(seed).integers(0, len(base), size=(BOOTSTRAP_RESAMPLES, len(base)))

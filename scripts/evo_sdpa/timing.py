@@ -319,9 +319,10 @@ def capture_graph(call: Callable[[int], None], n_sets: int, graph_calls: int):
 
 
 def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls: int,
-               rule: StopRule, warmup_ms: float) -> dict:
+               rule: StopRule, warmup_ms: float, set_bytes: int) -> dict:
     """Replay a captured graph of `graph_calls` calls; a sample is replay time / graph_calls, the
-    stream gated while the host launches the replay."""
+    stream gated while the host launches the replay. `set_bytes` (q, k, v and out of one input
+    set) is for the record's cache label."""
     import torch
 
     graphs = {name: capture_graph(call, n_sets, graph_calls) for name, call in calls.items()}
@@ -330,10 +331,22 @@ def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls
     reset_l2 = PersistingL2Reset(torch.cuda.current_stream().cuda_stream)
     samples, _, ended_by = _gated_samples({name: g.replay for name, g in graphs.items()}, rule, reset_l2,
                                           calls_per_sample=graph_calls)
-    cache = f"{n_sets} input sets rotated per replay" + (
-        " (together larger than L2)" if n_sets > 1 else " (one set: fits in L2)")
-    cache += reset_l2.describe()
+    cache = rotation_label(n_sets, set_bytes, l2_bytes()) + reset_l2.describe()
     return _results(samples, ended_by, mode=f"graph x{graph_calls}", cache=cache)
+
+
+def rotation_label(n_sets: int, set_bytes: int, l2: int) -> str:
+    """What a graph's input rotation leaves in L2, as the record says it: the sets' bytes against
+    the L2's. The graph's length caps the sets (input_sets_beyond_l2), so a small shape's rotation
+    can fit in L2; the label then says so rather than claim otherwise."""
+    mib = 1 << 20
+    together = n_sets * set_bytes
+    what = "one set" if n_sets == 1 else "together"
+    if together > l2:
+        where = f"larger than the {l2 / mib:.0f} MiB L2, {together / l2:.1f}x"
+    else:
+        where = f"fits in the {l2 / mib:.0f} MiB L2"
+    return f"{n_sets} input sets rotated per replay ({what} {together / mib:.1f} MiB: {where})"
 
 
 def input_sets_beyond_l2(set_bytes: int, cap: int) -> int:
@@ -400,7 +413,7 @@ def time_shape(factories: dict[str, Callable], shape, dtype: str, timing: dict, 
         for name, make in factories.items():
             per_set = [make(*qkv) for qkv in sets]
             calls[name] = lambda i, per_set=per_set: per_set[i]()
-        results["graph"] = time_graph(calls, n_sets, timing["graph_calls"], rule, timing["warmup_ms"])
+        results["graph"] = time_graph(calls, n_sets, timing["graph_calls"], rule, timing["warmup_ms"], set_bytes)
         del sets, calls
     del first
     torch.cuda.empty_cache()
