@@ -154,6 +154,10 @@ def argument_parser() -> argparse.ArgumentParser:
     parser.add_argument("--recheck-max-gflop", type=float, default=200.0,
                         help="after timing a shape, check every configuration's output on it against "
                              "the float64 reference (the bench stage's re-check), up to this size")
+    parser.add_argument("--graph-calls", type=int, default=None, metavar="N",
+                        help="calls per replayed graph instead of the config's timing.graph_calls; the sets a "
+                             "graph rotates are at most its calls, so a longer graph lets a small shape's "
+                             "sets outgrow L2 (each record's cache label says whether they did)")
     parser.add_argument("--graph-sets", type=int, default=None, metavar="N",
                         help="graph-timed shapes rotate N input sets instead of enough to exceed L2 "
                              "(1 keeps the inputs in L2: how much of a call is DRAM latency)")
@@ -247,6 +251,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.graph_sets is not None and args.graph_sets < 1:
         parser.error(f"--graph-sets {args.graph_sets}: give at least 1 input set")
+    if args.graph_calls is not None and not 1 <= args.graph_calls <= 1024:
+        parser.error(f"--graph-calls {args.graph_calls}: give 1 to 1024 calls (the config schema's bounds)")
     variant = load_variant(KERNELS_DIR / args.variant)
     others = compared_variants(variant, args.compare)
     if args.artifact and variant.kind != "cuda":
@@ -322,6 +328,8 @@ def main() -> int:
         print(f"{replica_name(name):>14}: a copy of {name}'s library, {copy}")
 
     timing = sweep_timing(config["timing"])
+    if args.graph_calls is not None:
+        timing["graph_calls"] = args.graph_calls
     timing_started = time.perf_counter()   # the budget is the timing's: a full parity tier must not spend it
     for dtype in args.dtypes.split(","):
         for shape_dict in config["shape_suites"][args.suite]:

@@ -151,6 +151,19 @@ def test_ab_sweep_graph_sets_defaults_to_the_benchs_rotation():
     assert parser.parse_args([*base, "--graph-sets", "1"]).graph_sets == 1
 
 
+@pytest.mark.parametrize("calls", ["0", "1025"])
+def test_ab_sweep_graph_calls_out_of_bounds_stop_before_any_build(tmp_path, calls):
+    proc = subprocess.run([sys.executable, str(REPO / "scripts" / "ab_sweep.py"), "--variant", "v4_pipelined",
+                           "--out", str(tmp_path / "x.json"), "--config", "default", "--graph-calls", calls],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and f"--graph-calls {calls}: give 1 to 1024 calls" in proc.stderr
+    assert not (tmp_path / "x.json").exists()
+    parser = load_script("ab_sweep").argument_parser()
+    base = ["--variant", "v5_hopper", "--out", "x.json"]
+    assert parser.parse_args(base).graph_calls is None   # the config's timing.graph_calls
+    assert parser.parse_args([*base, "--graph-calls", "128"]).graph_calls == 128
+
+
 def test_ab_sweep_graph_sets_below_one_stops_before_any_build(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "ab_sweep.py"), "--variant", "v4_pipelined",
                            "--out", str(tmp_path / "x.json"), "--config", "default", "--graph-sets", "0"],
