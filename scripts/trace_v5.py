@@ -42,7 +42,7 @@ def build(build_dir: Path, tunable_values) -> Path:
                                          tunable_values=tunable_values)
     (build_dir / "build.log").write_text(log)
     if verdict["status"] != "pass":
-        sys.exit(f"trace_v5: the traced build failed ({build_dir / 'build.log'})")
+        raise StageError(f"the traced build failed ({build_dir / 'build.log'})")
     for kernel in resources:
         if kernel["spill_store_bytes"] or kernel["spill_load_bytes"]:
             print(f"trace_v5: the traced {kernel['kernel']} spills {kernel['spill_store_bytes']} B "
@@ -75,8 +75,9 @@ def main() -> None:
     parser.add_argument("--raw", type=Path,
                         help="write the summarised calls' stamps here (.npz: ns and cycles per call, CTA and point)")
     args = parser.parse_args()
-    if args.graph_calls >= timeline.CALLS:
-        parser.error(f"--graph-calls must be under {timeline.CALLS}, the rows trace.cuh keeps")
+    if not 2 <= args.graph_calls < timeline.CALLS:
+        parser.error(f"--graph-calls must be 2 to {timeline.CALLS - 1}: a period needs two calls, and trace.cuh "
+                     f"keeps {timeline.CALLS} rows")
     if args.lib is not None and not args.lib.is_file():
         raise StageError(f"--lib {args.lib}: no such library; build it with {TRACE_FLAG}, or leave --lib out "
                          "to build the traced one here")
@@ -100,11 +101,11 @@ def main() -> None:
     for name in ("v5_hopper_trace_bytes", "v5_hopper_trace_copy", "v5_hopper_trace_reset", "v5_hopper_trace_next_call",
                  "v5_hopper_trace_launches"):
         if not hasattr(forward.lib, name):
-            sys.exit(f"trace_v5: {lib} has no {name}: build it from this checkout with {TRACE_FLAG}")
+            raise StageError(f"{lib} has no {name}: build it from this checkout with {TRACE_FLAG}")
     forward.lib.v5_hopper_trace_bytes.restype = ctypes.c_size_t
     forward.lib.v5_hopper_trace_launches.restype = ctypes.c_ulonglong
     if forward.lib.v5_hopper_trace_bytes() != timeline.buffer_bytes():
-        sys.exit(f"trace_v5: {lib}'s trace buffer does not match scripts/evo_sdpa/timeline.py: rebuild it")
+        raise StageError(f"{lib}'s trace buffer does not match scripts/evo_sdpa/timeline.py: rebuild it")
 
     B, H, S, D = args.shape
     shape_text = ",".join(str(x) for x in args.shape)
@@ -132,24 +133,24 @@ def main() -> None:
     # The summary pairs consecutive launches as consecutive calls: a call of two launches (a long
     # call's tail split, tail_split.cuh) would pair its own two kernels.
     if forward.lib.v5_hopper_trace_reset() != 0:
-        sys.exit("trace_v5: could not reset the trace buffer")
+        raise StageError(f"{lib}: v5_hopper_trace_reset failed (a CUDA error on the card); check it with nvidia-smi and rerun")
     calls["traced"](0)
     torch.cuda.synchronize()
     launches = forward.lib.v5_hopper_trace_launches()
     if launches != 1:
-        sys.exit(f"trace_v5: a call of {shape_text} makes {launches} launches (a tail split?); the timeline "
+        raise StageError(f"a call of {shape_text} makes {launches} launches (a tail split?); the timeline "
                  "reads one launch a call, so trace a shape that launches once")
     # A launch's row is fixed when it is captured: reset first, so the last graph_calls rows
     # launched since (after capture_graph's warm-up calls) are this graph's calls in order.
     if forward.lib.v5_hopper_trace_reset() != 0:
-        sys.exit("trace_v5: could not reset the trace buffer")
+        raise StageError(f"{lib}: v5_hopper_trace_reset failed (a CUDA error on the card); check it with nvidia-smi and rerun")
     graph = capture_graph(calls["traced"], n_sets, args.graph_calls)
     graph.replay()
     graph.replay()
     torch.cuda.synchronize()
     raw = ctypes.create_string_buffer(timeline.buffer_bytes())
     if forward.lib.v5_hopper_trace_copy(raw) != 0:
-        sys.exit("trace_v5: could not copy the trace buffer")
+        raise StageError(f"{lib}: v5_hopper_trace_copy failed (a CUDA error on the card); check it with nvidia-smi and rerun")
     trace = timeline.parse(raw.raw)
     summary = timeline.summarize(trace, args.graph_calls - 1)
     summary["graph_per_call_us"] = per_call_us["traced"]

@@ -155,6 +155,12 @@ def test_check_card_locks_refuses_what_it_cannot_read(tmp_path):
     torn = check_script(tmp_path)
     assert torn.returncode == 1 and "fake0.jsonl: line 3 is not a lease event" in torn.stderr
     assert "Traceback" not in torn.stderr and torn.stderr.count("\n") == 1
+    lines = (tmp_path / "fake0.jsonl").read_text().splitlines()
+    (tmp_path / "fake0.jsonl").write_text("\n".join(lines[:2] + ['{"event": "released", "job": "x"}']) + "\n")
+    partial = check_script(tmp_path)   # JSON, but not the fields a lease has
+    assert partial.returncode == 1 and "fake0.jsonl: line 3 is not a lease event" in partial.stderr
+    (tmp_path / "fake0.jsonl").write_text("\n".join(lines[:2]) + "\n")
+    assert check_script(tmp_path).returncode == 0
 
 
 def test_children_of_a_holder_run_on_its_card_without_a_lock(tmp_path):

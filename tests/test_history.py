@@ -167,9 +167,18 @@ def test_gate_script_passes_on_a_speed_up(tmp_path):
     assert proc.returncode == 0, proc.stderr
     record = json.loads((tmp_path / "gates.json").read_text())
     assert record["status"] == "pass" and record["accepted_baseline"].endswith(".json")
-    assert record["checked"] == ["every result comes from one card model", "no variant slower or no longer correct "
-                                 f"than in the accepted run {Path(record['accepted_baseline']).name}"]
+    assert record["checked"] == ["every result comes from one card model", "no variant slower than in, or no longer "
+                                 f"correct since, the accepted run {Path(record['accepted_baseline']).name}"]
     assert proc.stderr == ""
+
+
+def test_gate_script_names_the_cases_it_did_not_compare(tmp_path):
+    graph = entry(p50=9.0)
+    graph["variants"]["v"]["cases"][CASE]["mode"] = "graph x32"
+    proc = run_gate_script(tmp_path, graph, entry(p50=12.0, when=T0 + timedelta(hours=1)))
+    assert proc.returncode == 0, proc.stderr
+    checked = json.loads((tmp_path / "gates.json").read_text())["checked"]
+    assert checked[-1].endswith(f" (not compared, timed another way: v {CASE} (graph x32 -> eager))")
 
 
 def test_gate_script_says_when_its_pass_checked_next_to_nothing(tmp_path):
@@ -186,8 +195,9 @@ def test_gate_script_says_when_its_pass_checked_next_to_nothing(tmp_path):
 
     bare = gate(GATES)
     assert bare.returncode == 0 and bare.stderr.strip() == (
-        f"evo-sdpa: {tmp_path / 'gates.json'}: no gate is configured (gates.required_variants, gates.min_speedup) "
-        "and no earlier run here is accepted (scripts/accept_run.py), so only the one-card-model check ran")
+        f"evo-sdpa: {tmp_path / 'gates.json'}: no variant is required (gates.required_variants, which "
+        "gates.min_speedup applies to) and no earlier run here is accepted (scripts/accept_run.py), so only the "
+        "one-card-model check ran")
     assert json.loads((tmp_path / "gates.json").read_text())["checked"] == ["every result comes from one card model"]
     lb = {"variants": [{"name": "v", "funnel": {"build": "pass", "sanitizer": "pass", "parity": "pass"},
                         "reasons": {}, "speedups": [{"shape": "B2 H8 S512 D64", "dtype": "fp16", "speedup_p50": 1.5}]}],
@@ -225,8 +235,18 @@ def test_best_per_shape_takes_the_worst_dtype_for_p50_and_for_p90():
     variant = {"name": "v", "speedups": rows, "criteria": [{"criterion": "correct on its whole declared support",
                                                             "result": "met"}]}
     (best,) = best_per_shape([variant], ["A"])
-    assert (best["dtype"], best["speedup_p50"], best["speedup_p90"]) == ("bf16", 1.15, 0.90)
+    assert (best["dtype"], best["speedup_p50"], best["p90_dtype"], best["speedup_p90"]) == ("bf16", 1.15, "fp16", 0.90)
     assert p90_not_worse([best])["result"] == "not met"
+
+
+def test_the_verdict_says_host_where_there_is_no_card(gpu_leaderboard):
+    labels = [s.label for s in SUITE]
+    current = history.make_entry(gpu_leaderboard, T0)
+    gpu_leaderboard["verdict"] = build_verdict(gpu_leaderboard, labels, current, None, GATES)
+    on_card = report.render(gpu_leaderboard)
+    assert "Since the previous run on this card: none in the history." in on_card
+    on_host = report.render({**gpu_leaderboard, "device": report.CPU_DEVICE})
+    assert "Since the previous run on this host: none in the history." in on_host
 
 
 def test_sm_busy_is_not_checked_without_ncu_metrics():

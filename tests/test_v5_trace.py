@@ -99,7 +99,8 @@ def test_too_few_calls_is_named():
 
 @pytest.mark.parametrize("argv, line", [
     (["--shape", "1,8,512"], "'1,8,512': give B,H,S,D, four positive integers"),
-    (["--shape", "1,8,512,64", "--graph-calls", "64"], "--graph-calls must be under 64"),
+    (["--shape", "1,8,512,64", "--graph-calls", "64"], "--graph-calls must be 2 to 63"),
+    (["--shape", "1,8,512,64", "--graph-calls", "1"], "--graph-calls must be 2 to 63"),
     (["--shape", "1,8,512,64", "--lib", "/nonexistent/trace.so"], "evo-sdpa: --lib /nonexistent/trace.so: no such library"),
     (["--shape", "1,8,512,64", "--untraced", "/nonexistent/d.so"], "evo-sdpa: --untraced /nonexistent/d.so: no such"),
     (["--shape", "1,8,512,64", "--set", "foo"], "evo-sdpa: --set 'foo': expected NAME=VALUE"),

@@ -426,7 +426,7 @@ def test_history_gate_and_accept_after_a_run(run_copy):
                       "--forcerun", "final_summary")
     assert "one-card-model check" not in gated.stderr
     assert json.loads((run_copy / "results/final/gates.json").read_text())["checked"][-1].startswith(
-        "no variant slower or no longer correct than in the accepted run")
+        "no variant slower than in, or no longer correct since, the accepted run")
     entries = sorted(first.parent.glob("*.json"))
     assert len(entries) == 2 and first.read_text() == before
     summary = (run_copy / "results/final/final_summary.md").read_text()

@@ -33,6 +33,8 @@ FAKE_CARDS_ENV = "EVO_SDPA_FAKE_CARDS"
 HELD_ENV = "EVO_SDPA_CARD_HELD"
 DEFAULT_LOCK_DIR = Path("/tmp/evo-sdpa-locks")
 POLL_S = 0.2
+# What check() reads of each event in a card's log.
+EVENT_KEYS = {"acquired": {"job", "host", "pid"}, "released": {"job", "pid", "acquired", "released"}}
 WAIT_NOTE_S = 60.0  # how often a waiting job says in its log which job holds the cards
 
 
@@ -228,9 +230,9 @@ def read_log(directory: Path) -> dict[str, list[dict]]:
                 event = json.loads(line)
             except ValueError:
                 event = None
-            if not isinstance(event, dict) or "event" not in event:
+            if not isinstance(event, dict) or not EVENT_KEYS.get(event.get("event"), {"?"}) <= event.keys():
                 raise StageError(f"{path}: line {number} is not a lease event (a job killed while writing it, "
-                                 "or another file); move the log aside to check the rest")
+                                 "or another file); delete that line, or move the log aside, to check the rest")
             events.append(event)
         logs[path.stem] = events
     return logs

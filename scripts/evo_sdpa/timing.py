@@ -331,7 +331,8 @@ def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls
     reset_l2 = PersistingL2Reset(torch.cuda.current_stream().cuda_stream)
     samples, _, ended_by = _gated_samples({name: g.replay for name, g in graphs.items()}, rule, reset_l2,
                                           calls_per_sample=graph_calls)
-    cache = rotation_label(n_sets, set_bytes, l2_bytes()) + reset_l2.describe()
+    # call(i % n_sets) for i < graph_calls: a graph reads no more sets than it has calls
+    cache = rotation_label(min(n_sets, graph_calls), set_bytes, l2_bytes()) + reset_l2.describe()
     return _results(samples, ended_by, mode=f"graph x{graph_calls}", cache=cache)
 
 

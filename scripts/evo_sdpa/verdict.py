@@ -27,13 +27,17 @@ def best_per_shape(variants: list[dict], labels: list[str]) -> list[dict]:
             rows = [r for r in entry["speedups"] if r["shape"] == label]
             if rows:
                 worst = min(rows, key=lambda r: r["speedup_p50"])
-                tails = [r["speedup_p90"] for r in rows if r.get("speedup_p90") is not None]
+                tails = [r for r in rows if r.get("speedup_p90") is not None]
+                tail = min(tails, key=lambda r: r["speedup_p90"]) if tails else None
                 candidates.append({"shape": label, "variant": entry["name"], "dtype": worst["dtype"],
-                                   "speedup_p50": worst["speedup_p50"], "speedup_p90": min(tails) if tails else None})
+                                   "speedup_p50": worst["speedup_p50"],
+                                   "speedup_p90": tail["speedup_p90"] if tail else None,
+                                   "p90_dtype": tail["dtype"] if tail else None})
         if candidates:
             best.append(max(candidates, key=lambda c: c["speedup_p50"]))
         else:
-            best.append({"shape": label, "variant": None, "dtype": None, "speedup_p50": None, "speedup_p90": None})
+            best.append({"shape": label, "variant": None, "dtype": None, "speedup_p50": None, "speedup_p90": None,
+                         "p90_dtype": None})
     return best
 
 
