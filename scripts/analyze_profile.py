@@ -3,7 +3,7 @@ from evo_sdpa.bottlenecks import analyze, render_markdown
 from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.errors import run_stage
 from evo_sdpa.gating import root_cause, skipped_for
-from evo_sdpa.io import read_json, write_json, write_text
+from evo_sdpa.io import DEVICE_CEILINGS, read_env, read_json, write_json, write_text
 from evo_sdpa.ncu import read_raw_csv
 from evo_sdpa.shapes import Shape
 
@@ -27,7 +27,7 @@ def main() -> None:
     else:
         profile_cfg = args.config_json["profile"]
         shape = Shape.from_dict(profile_cfg["shape"])
-        env = read_json(args.env)
+        env = read_env(args.env, DEVICE_CEILINGS)
         result = analyze(read_raw_csv(args.csv), flops=shape.flops, ceilings=env.get("ceilings"),
                          min_bytes=shape.min_bytes(profile_cfg["dtype"]), dtype=profile_cfg["dtype"])
         result.update(entry=args.entry, status="analysed", reasons=[], shape=shape.to_dict(),

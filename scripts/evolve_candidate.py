@@ -8,7 +8,7 @@ from pathlib import Path
 from evo_sdpa.candidates import StageConfig, build_into, measure_step, parity_step
 from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.errors import run_stage
-from evo_sdpa.io import read_json, write_json
+from evo_sdpa.io import CEILINGS, read_env, read_json, write_json
 from evo_sdpa.variants import load_variant
 
 TIERS = {"gate": "gate_tier", "final": "final_tier"}
@@ -34,7 +34,7 @@ def main() -> None:
     elif args.step in TIERS:
         result = parity_step(variant, read_json(args.build), stage, TIERS[args.step])
     else:
-        result = measure_step(variant, read_json(args.build), stage, read_json(args.env).get("ceilings"), log)
+        result = measure_step(variant, read_json(args.build), stage, read_env(args.env, CEILINGS)["ceilings"], log)
     log.info("%s %s: %s %s", args.step, args.variant_dir, result["status"], "; ".join(result.get("reasons") or []))
     write_json(args.out, result)
 

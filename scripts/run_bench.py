@@ -6,7 +6,7 @@ from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
 from evo_sdpa.errors import run_stage
 from evo_sdpa.gating import blocked_by, skipped, skipped_for
-from evo_sdpa.io import read_json, write_json
+from evo_sdpa.io import CEILINGS, read_env, read_json, write_json
 from evo_sdpa.provenance import stamp
 from evo_sdpa.variants import KERNELS_DIR, load_variant
 from evo_sdpa.watchdog import StepWatchdog, end_stage
@@ -47,7 +47,7 @@ def main() -> None:
         from evo_sdpa.tolerance import ToleranceRule
 
         forward = load_built(variant, read_json(args.build))
-        env = read_json(args.env)
+        env = read_env(args.env, CEILINGS)
         measured_on = card()  # read now: after a hang only the watchdog's thread still runs
 
         def hung(step: str, limit_s: float) -> None:

@@ -119,8 +119,9 @@ BENCH_DRIVER = textwrap.dedent("""
 
 
 def test_bench_stage_records_a_hung_case_and_ends(tmp_path):
-    for name in ("env", "build", "sanitizer", "parity"):
+    for name in ("build", "sanitizer", "parity"):
         (tmp_path / f"{name}.json").write_text(json.dumps({"status": "pass", "reasons": []}))
+    (tmp_path / "env.json").write_text(json.dumps({"device": None, "ceilings": None}))
     out = tmp_path / "bench.json"
     shapes = [{"B": 1, "H": 2, "S": 64, "D": 64, "causal": False}, {"B": 1, "H": 2, "S": 128, "D": 64, "causal": True}]
     cfg = {"shape_suites": {"s": shapes}, "bench_suite": "s", "dtypes": ["fp16"], "timing": {},

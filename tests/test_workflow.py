@@ -388,6 +388,19 @@ def test_deleted_intermediate_warns_with_the_command_that_rebuilds_it(run_copy):
     assert {("parity", "v1_scalar"), ("bench", "v1_scalar"), ("final_summary", "")} <= jobs
 
 
+def test_a_deleted_file_the_summary_does_not_read_is_named_too(run_copy):
+    """sdpa_parity.json feeds every parity job and the ncu table feeds the analysis; the summary reads
+    neither, so their loss would otherwise pass without a word."""
+    (run_copy / "results/baseline/sdpa_parity.json").unlink()
+    (run_copy / "results/nsight/v1_scalar/report.csv").unlink()
+    proc = snakemake(run_copy, "-n", "results/final/final_summary.md", "--configfile", "config/test.yaml")
+    hint = [line for line in proc.stderr.splitlines() if line.startswith("evo-sdpa: ")]
+    assert hint == ["evo-sdpa: results/baseline/sdpa_parity.json (and 1 more) is missing but "
+                    "results/final/final_summary.md exists, so Snakemake will not rebuild it on its own; rebuild it: "
+                    "snakemake --cores 1 results/final/final_summary.md --forcerun results/baseline/sdpa_parity.json "
+                    "results/nsight/v1_scalar/report.csv"]
+
+
 def decoded_results(html: str) -> list[bytes]:
     """Every file the self-contained report embeds (base64 data URIs)."""
     import base64

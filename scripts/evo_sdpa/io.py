@@ -71,13 +71,45 @@ def read_json(path: str | os.PathLike) -> Any:
                          f"rebuild it: {rebuild_hint(path)}") from None
 
 
+def _check_fields(path: str | os.PathLike, record: Any, what: str, fields: dict[str, type | tuple[type, ...]]) -> dict:
+    """`record` if it is a JSON object with these fields of these types (a tuple holding
+    type(None) allows null); else one line naming the file, what it lacks and the fix."""
+    if not isinstance(record, dict):
+        problem = f"a JSON {type(record).__name__}, not an object"
+    else:
+        missing = [name for name in fields if name not in record]
+        wrong = [name for name, kind in fields.items() if name in record and not isinstance(record[name], kind)]
+        problem = (f"no {', '.join(repr(m) for m in missing)} key" if missing else
+                   f"{wrong[0]!r} is a {type(record[wrong[0]]).__name__}" if wrong else None)
+    if problem:
+        raise StageError(f"{path}: not {what} ({problem}), a damaged result; rebuild it: {rebuild_hint(path)}")
+    return record
+
+
+def read_object(path: str | os.PathLike, what: str, fields: dict[str, type | tuple[type, ...]]) -> dict:
+    """A result that must be a JSON object with these fields (read_json, then _check_fields)."""
+    return _check_fields(path, read_json(path), what, fields)
+
+
+# The env stage's record, as far as each reader reads it: a stage the card's ceilings (and the
+# analysis the device), the summary also the git state and the versions.
+CEILINGS = {"ceilings": (dict, type(None))}
+DEVICE_CEILINGS = {**CEILINGS, "device": (dict, type(None))}
+ENV_FIELDS = {**DEVICE_CEILINGS, "git": dict, "versions": dict}
+
+
+def read_env(path: str | os.PathLike, fields: dict = ENV_FIELDS) -> dict:
+    return read_object(path, "an environment record", fields)
+
+
 def read_record(path: str | os.PathLike) -> dict:
-    """A stage's record: a JSON object with a status ("pass", "measured", "skipped", ...)."""
+    """A stage's record: a JSON object with a status ("pass", "measured", "skipped", ...) and its
+    reasons (a list, empty when it passed)."""
     record = read_json(path)
     if not isinstance(record, dict) or "status" not in record:
         raise StageError(f"{path}: not a stage record (no 'status' key), a damaged result; "
                          f"rebuild it: {rebuild_hint(path)}")
-    return record
+    return _check_fields(path, record, "a stage record", {"status": str, "reasons": list})
 
 
 def read_verdict(path: str | os.PathLike) -> dict:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .device import CPU_DEVICE_ID
-from .io import read_json, read_record
+from .io import read_env, read_object, read_record
 from .provenance import KEY as MEASURED_AT
 from .stats import CONVERGED, FIRM_ENDINGS, PINNED
 from .variants import SDPA_ENTRY
@@ -181,7 +181,7 @@ def variant_entry(layout: ResultsLayout, name: str) -> dict:
     fell_out = next((stage for stage in STAGES if funnel[stage] == "fail"), None)
     own_skip = [stage for stage in STAGES if funnel[stage] == "skipped" and not records[stage].get("cause")]
     build = records["build"]
-    kernels = read_json(layout.path("resources", name)).get("kernels", [])
+    kernels = read_object(layout.path("resources", name), "a build's resources", {"kernels": list})["kernels"]
     speedups = speedup_rows(records["bench"])
     states = measured_at(records)
     return {
@@ -410,8 +410,8 @@ def evolution_entries(layout: ResultsLayout, variants: list[str]) -> list[dict]:
 
 
 def build_leaderboard(layout: ResultsLayout, variants: list[str], cfg: dict, suite_labels: list[str]) -> dict:
-    env = read_json(layout.env)
-    baseline = read_json(layout.baseline)
+    env = read_env(layout.env)
+    baseline = read_object(layout.baseline, "a baseline record", {"rows": list})
     entries = [variant_entry(layout, name) for name in variants]
     for entry in entries:
         entry["criteria"] = criteria(entry, suite_labels)
