@@ -376,6 +376,28 @@ def test_damaged_result_is_one_line_and_the_previous_summary_stays(run_copy):
     assert summary.read_text() == before, "the last good summary is kept"
 
 
+def test_a_kept_summary_is_made_again_by_the_next_run(run_copy):
+    """The summary job fails (a damaged result) in a run where another result changed: the last
+    good summary is kept, and the next run still makes it again once the damage is repaired, although
+    Snakemake restored it newer than that result and recorded the failed job's inputs as read."""
+    summary = run_copy / "results/final/final_summary.md"
+    before = summary.read_text()
+    bench = run_copy / "results/bench/v1_scalar.json"
+    record = json.loads(bench.read_text())
+    bench.write_text(json.dumps({**record, "reasons": record["reasons"] + ["changed beside the failure"]}))
+    parity = run_copy / "results/parity/triton_flash.json"
+    good, stat = parity.read_text(), parity.stat()
+    parity.write_text(good[:100])
+    proc = snakemake(run_copy, "--cores", "1", "results/final/final_summary.md", "--configfile", "config/test.yaml",
+                     check=False)
+    assert proc.returncode != 0 and summary.read_text() == before
+    parity.write_text(good)
+    os.utime(parity, ns=(stat.st_atime_ns, stat.st_mtime_ns))   # repaired as it was, time and all
+    assert ("final_summary", "") in planned_jobs(run_copy, "results/final/final_summary.md")
+    snakemake(run_copy, "--cores", "1", "results/final/final_summary.md", "--configfile", "config/test.yaml")
+    assert "changed beside the failure" in summary.read_text()
+
+
 def test_deleted_intermediate_warns_with_the_command_that_rebuilds_it(run_copy):
     (run_copy / "results/parity/v1_scalar.json").unlink()
     proc = snakemake(run_copy, "-n", "results/final/final_summary.md", "--configfile", "config/test.yaml")

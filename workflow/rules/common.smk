@@ -217,6 +217,24 @@ def summary_inputs():
     return inputs
 
 
+def date_restored_summary(snakemake_logs, rule_name, outputs):
+    """Snakemake restores a failed summary job's update() outputs, but with the time of the restore
+    and with the failed job's record of its inputs' checksums: the next run takes the restored
+    summary as made from results it does not hold (a bench rerun beside the failure) and leaves
+    it stale. Date the outputs to the epoch's first second and drop that record (what `snakemake
+    --cleanup-metadata` does), so the next run makes them again. Only when the summary job is the
+    one that failed: a later job's failure leaves a good summary as it is."""
+    paths = [snakemake_logs] if isinstance(snakemake_logs, (str, os.PathLike)) else snakemake_logs or []
+    text = "".join(Path(p).read_text() for p in paths if Path(p).is_file())
+    failed = {line.split()[-1].rstrip(":") for line in text.splitlines() if line.startswith("Error in rule")}
+    if rule_name not in failed:
+        return
+    for path in outputs:
+        if Path(path).exists():
+            os.utime(path, (1, 1))   # not 0: Snakemake takes a zero time as none
+            workflow.persistence.cleanup_metadata(path)
+
+
 _warned_missing = False
 
 

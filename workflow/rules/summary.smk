@@ -6,7 +6,8 @@ rule final_summary:
         unpack(lambda wildcards: summary_inputs()),
         **stage_inputs("scripts/summarize.py"),
     # update(): Snakemake keeps the previous summary until this job succeeds, and restores it
-    # if the job fails (a damaged result then costs one line, not the last good summary).
+    # if the job fails (a damaged result then costs one line, not the last good summary); the
+    # onerror handler below dates what it restored, so the next run makes it again.
     output:
         md=report(update("results/final/final_summary.md"), caption="../report/summary.rst", category="1. Summary"),
         leaderboard=update("results/final/leaderboard.json"),
@@ -29,6 +30,10 @@ rule final_summary:
                " --config-json {params.cfg:q} --md {output.md} --leaderboard {output.leaderboard}"
                " --plot {output.plot} --roofline {output.roofline} --latency {output.latency}"
                " --evolution {output.evolution} --history-entry {output.history_entry}")
+
+
+onerror:
+    date_restored_summary(log, "final_summary", rules.final_summary.output)
 
 
 rule gates:
