@@ -50,6 +50,15 @@ def test_blocked_by_names_the_failing_stage_and_reason(tmp_path):
     assert gating.describe(cause) == "build failed (3 warnings; 12 bytes spilled)"
 
 
+def test_blocked_by_reads_every_record_before_it_stops(tmp_path):
+    """A damaged parity record stops the stage although the sanitizer before it did not pass."""
+    san = write(tmp_path / "s.json", {"status": "skipped", "reasons": ["not run: no CUDA device on this host"]})
+    par = tmp_path / "p.json"
+    par.write_text('{"status": "pass", "rea')
+    with pytest.raises(StageError, match="p.json: not valid JSON"):
+        gating.blocked_by(sanitizer=san, parity=str(par))
+
+
 def test_blocked_by_takes_the_first_stage_in_argument_order(tmp_path):
     build = write(tmp_path / "b.json", {"status": "pass", "reasons": []})
     san = write(tmp_path / "s.json", {"status": "fail", "reasons": ["memcheck: 1 error(s)"]})

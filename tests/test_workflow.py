@@ -268,7 +268,8 @@ def test_missing_nvcc_is_one_line_naming_the_tool(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        "evo-sdpa: nvcc not found on PATH: install the CUDA toolkit (12.4 or newer) and put its bin/ on PATH"]
+        f"evo-sdpa: nvcc not found on PATH or in {tmp_path / 'none' / 'bin'}: install the CUDA toolkit (12.4 or "
+        "newer) and put its bin/ on PATH"]
     assert not (root / "out").exists()
 
 
@@ -279,7 +280,7 @@ def test_stage_that_cannot_reach_a_verdict_shows_its_line_and_leaves_nothing(tmp
     proc = subprocess.run(SNAKEMAKE + ["--cores", "1", "results/build/v1_scalar/verdict.json"],
                           cwd=root, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
-    assert "evo-sdpa: nvcc not found on PATH" in proc.stdout + proc.stderr
+    assert "evo-sdpa: nvcc not found on PATH or in " in proc.stdout + proc.stderr
     assert not (root / "results/build/v1_scalar").exists()
     assert "nvcc not found" in (root / "results/logs/build/v1_scalar.log").read_text()
 

@@ -40,19 +40,23 @@ class GpuIdentity:
         return f"{self.name} (cc {self.compute_capability})"
 
 
+def _cuda_bin() -> str:
+    return os.path.join(os.environ.get("CUDA_HOME") or "/usr/local/cuda", "bin")
+
+
 def find_tool(name: str) -> str | None:
+    """A tool on PATH, else in the CUDA toolkit's bin/ ($CUDA_HOME, else /usr/local/cuda)."""
     path = shutil.which(name)
     if path:
         return path
-    cuda_home = os.environ.get("CUDA_HOME") or "/usr/local/cuda"
-    candidate = os.path.join(cuda_home, "bin", name)
+    candidate = os.path.join(_cuda_bin(), name)
     return candidate if os.access(candidate, os.X_OK) else None
 
 
 def require_tool(name: str) -> str:
     path = find_tool(name)
     if path is None:
-        raise StageError(f"{name} not found on PATH: {TOOL_HINTS.get(name, 'install it')}")
+        raise StageError(f"{name} not found on PATH or in {_cuda_bin()}: {TOOL_HINTS.get(name, 'install it')}")
     return path
 
 

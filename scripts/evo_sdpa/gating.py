@@ -18,9 +18,10 @@ def root_cause(stage: str, record: dict) -> dict:
 def blocked_by(**upstream_paths: str) -> dict | None:
     """The root cause of the first upstream stage (in argument order) that did not pass, or None.
 
-    A sanitizer switched off in the config does not block: nothing was found wrong."""
-    for stage, path in upstream_paths.items():
-        record = read_record(path)
+    A sanitizer switched off in the config does not block: nothing was found wrong. Every record
+    is read first, so a damaged one stops the stage even behind a stage that did not pass."""
+    records = {stage: read_record(path) for stage, path in upstream_paths.items()}
+    for stage, record in records.items():
         status = record.get("status")
         if status in ("pass", "measured"):
             continue
