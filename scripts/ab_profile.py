@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ab_sweep import BUILD_DIR as SWEEP_BUILD_DIR  # noqa: E402
 from evo_sdpa.bottlenecks import stall_shares  # noqa: E402
-from evo_sdpa.device import find_tool  # noqa: E402
+from evo_sdpa.device import cuda_bin, find_tool  # noqa: E402
 from evo_sdpa.errors import StageError  # noqa: E402
 from evo_sdpa.hotspots import format_hotspots, hotspots, parse_source_page, source_export_command  # noqa: E402
 from evo_sdpa.ncu import clean_csv_text, export_command, key_metrics, parse_raw_csv, profile_command  # noqa: E402
@@ -150,8 +150,8 @@ def main() -> None:
     libs = resolve_libs(args)
     ncu = find_tool("ncu")  # PATH, then $CUDA_HOME/bin, as the profile stage looks
     if ncu is None:  # the stage's hint (stages.ncu: false) does not apply to this tool
-        raise StageError("ncu not found on PATH: install Nsight Compute (it ships with the CUDA toolkit) "
-                         "and put ncu on PATH")
+        raise StageError(f"ncu not found on PATH or in {cuda_bin()}: install Nsight Compute (it ships with the "
+                         "CUDA toolkit) and put ncu on PATH")
     WORK_DIR.mkdir(parents=True, exist_ok=True)
     results = [profile(ncu, name, lib, args.shape, args.dtype, WORK_DIR, args.source) for name, lib in libs]
     for r in results:

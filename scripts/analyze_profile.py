@@ -3,7 +3,7 @@ from evo_sdpa.bottlenecks import analyze, render_markdown
 from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.errors import run_stage
 from evo_sdpa.gating import root_cause, skipped_for
-from evo_sdpa.io import DEVICE_CEILINGS, read_env, read_json, write_json, write_text
+from evo_sdpa.io import DEVICE_CEILINGS, read_env, read_record, write_json, write_text
 from evo_sdpa.ncu import read_raw_csv
 from evo_sdpa.shapes import Shape
 
@@ -19,7 +19,7 @@ def main() -> None:
     p.add_argument("--md", required=True)
     args = p.parse_args()
     log = setup_logging()
-    status = read_json(args.status)
+    status = read_record(args.status)
     title = f"Bottlenecks: {args.entry}"
     if status["status"] != "measured":
         result = skipped_for("not analysed", root_cause("ncu", status), entry=args.entry)

@@ -48,7 +48,8 @@ def test_ab_profile_without_ncu_is_one_line(tmp_path):
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines() == [
-        "evo-sdpa: ncu not found on PATH: install Nsight Compute (it ships with the CUDA toolkit) and put ncu on PATH"]
+        f"evo-sdpa: ncu not found on PATH or in {tmp_path / 'none' / 'bin'}: install Nsight Compute (it ships with "
+        "the CUDA toolkit) and put ncu on PATH"]
     assert proc.stdout == ""
 
 

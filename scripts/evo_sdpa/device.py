@@ -40,7 +40,7 @@ class GpuIdentity:
         return f"{self.name} (cc {self.compute_capability})"
 
 
-def _cuda_bin() -> str:
+def cuda_bin() -> str:
     return os.path.join(os.environ.get("CUDA_HOME") or "/usr/local/cuda", "bin")
 
 
@@ -49,14 +49,14 @@ def find_tool(name: str) -> str | None:
     path = shutil.which(name)
     if path:
         return path
-    candidate = os.path.join(_cuda_bin(), name)
+    candidate = os.path.join(cuda_bin(), name)
     return candidate if os.access(candidate, os.X_OK) else None
 
 
 def require_tool(name: str) -> str:
     path = find_tool(name)
     if path is None:
-        raise StageError(f"{name} not found on PATH or in {_cuda_bin()}: {TOOL_HINTS.get(name, 'install it')}")
+        raise StageError(f"{name} not found on PATH or in {cuda_bin()}: {TOOL_HINTS.get(name, 'install it')}")
     return path
 
 
