@@ -411,6 +411,17 @@ def test_deleted_intermediate_warns_with_the_command_that_rebuilds_it(run_copy):
     assert {("parity", "v1_scalar"), ("bench", "v1_scalar"), ("final_summary", "")} <= jobs
 
 
+def test_a_variant_new_to_the_run_is_not_called_missing(run_copy):
+    """Its files do not exist yet and Snakemake makes them: no warning, and its chain is planned."""
+    folder = run_copy / "kernels/v1_again"
+    shutil.copytree(run_copy / "kernels/v1_scalar", folder)
+    meta = folder / "variant.yaml"
+    meta.write_text(meta.read_text().replace("name: v1_scalar", "name: v1_again"))
+    proc = snakemake(run_copy, "-n", "results/final/final_summary.md", "--configfile", "config/test.yaml")
+    assert not [line for line in proc.stderr.splitlines() if line.startswith("evo-sdpa: ")], proc.stderr
+    assert ("build_variant", "v1_again") in planned_jobs(run_copy, "results/final/final_summary.md")
+
+
 def test_a_deleted_file_the_summary_does_not_read_is_named_too(run_copy):
     """sdpa_parity.json feeds every parity job and the ncu table feeds the analysis; the summary reads
     neither, so their loss would otherwise pass without a word."""

@@ -206,14 +206,16 @@ def summary_inputs():
         "profiles": expand(rules.ncu.output.status, variant=profile_entries()),
         "analyses": expand(rules.analysis.output.json, variant=profile_entries()),
     }
-    # What the summary does not read but its inputs were made from: deleted, they are as lost.
-    made_from = {
-        "sdpa_errors": rules.sdpa_parity.output.json,
-        "baseline_table": rules.sdpa_baseline.output.csv,
-        "compiler_logs": expand(rules.build_variant.output.compiler_log, variant=SELECTED),
-        "reports": expand(rules.ncu.output.csv, variant=profile_entries()),
-    }
-    warn_missing_intermediates({**inputs, **made_from}, rules.final_summary.output.md)
+    # What the summary does not read, each with the inputs made from it or beside it: deleted
+    # while those stand, it is as lost as they would be.
+    made_from = {rules.sdpa_parity.output.json: inputs["parities"],
+                 rules.sdpa_baseline.output.csv: [inputs["baseline"]]}
+    for variant in SELECTED:
+        made_from[rules.build_variant.output.compiler_log.format(variant=variant)] = [
+            rules.build_variant.output.verdict.format(variant=variant)]
+    for entry in profile_entries():
+        made_from[rules.ncu.output.csv.format(variant=entry)] = [rules.ncu.output.status.format(variant=entry)]
+    warn_missing_intermediates(inputs, made_from, rules.final_summary.output.md)
     return inputs
 
 
@@ -246,14 +248,19 @@ def date_restored_summary(snakemake_logs, rule_name, outputs):
 _warned_missing = False
 
 
-def warn_missing_intermediates(inputs, product):
+def warn_missing_intermediates(inputs, made_from, product):
     """Snakemake 9 does not rebuild a deleted intermediate while what was made from it is up to
-    date (it treats it like a temp file); say so once, with the command that does."""
+    date (it treats it like a temp file); say so once, with the command that does. Only files the
+    existing product was made from (its recorded inputs, and the files those were made from): a
+    variant new to the config has no files yet, and Snakemake makes them."""
     global _warned_missing
     if _warned_missing or not Path(product).exists():
         return
+    read = set(workflow.persistence.input(product) or [])
     files = [f for value in inputs.values() for f in ([value] if isinstance(value, str) else value)]
-    missing = [f for f in files if not Path(f).exists()]
+    missing = [f for f in files if f in read and not Path(f).exists()]
+    missing += [f for f, made in made_from.items()
+                if not Path(f).exists() and any(m in read and Path(m).exists() for m in made)]
     if missing:
         _warned_missing = True
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
