@@ -1,5 +1,6 @@
 """Make an evolution's winner the variant's defaults: rewrite the `default:` of each tunable the
-winner changed in kernels/<variant>/variant.yaml (comments and layout kept). Not a stage: run it
+search changed from the defaults it measured in kernels/<variant>/variant.yaml (comments and
+layout kept). Not a stage: run it
 by hand after reading best.json, then rerun the pipeline."""
 from evo_sdpa.cli import parser
 from evo_sdpa.errors import StageError, run_stage
@@ -24,7 +25,10 @@ def main() -> None:
         raise StageError(f"{args.best}: its winner {winner.get('id', '?')!r} names no tunables (a best.json the "
                          "evolve rule did not write?); rerun that rule to write it again")
     variant = load_variant(KERNELS_DIR / args.variant)
-    updates = changed(variant, resolve(variant, winner["tunables"]))
+    # What the search changed from the defaults it measured, not its whole configuration: a default
+    # edited by hand since then stays as edited.
+    search_changed = winner.get("changed_from_defaults")
+    updates = changed(variant, resolve(variant, search_changed if isinstance(search_changed, dict) else winner["tunables"]))
     path = variant.folder / METADATA_FILE
     write_text(path, promote_defaults(path.read_text(), updates))
     load_variant(KERNELS_DIR / args.variant)  # still valid

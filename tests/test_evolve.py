@@ -18,7 +18,7 @@ from evo_sdpa import evolve, report
 from evo_sdpa.bottlenecks import RULES, STALL_LEVERS
 from evo_sdpa.evolve import (DEFAULTS_ID, FINDING_TAGS, Candidate, Insight, Knob, Settings, Store,
                              bench_speedups, builtin_proposer, choose_lever, command_proposer, crossover,
-                             curve, fitness_of, geomean, mutate, pick_winner, rank_select, search, space_of,
+                             curve, fitness_of, geomean, mutate, pick_winner, rank_select, ranked, search, space_of,
                              stop_reason, summary)
 from evo_sdpa.schema import load_schema
 
@@ -324,6 +324,10 @@ def test_stop_on_the_gpu_budget_midway(tmp_path):
     assert state.stop["condition"] == "gpu_time" and state.stop["midway"]
     assert len(evaluator.measured) == 4 and state.gpu_seconds() == pytest.approx(40.0)
     assert "of 0.583333 GPU minutes" in state.stop["detail"] or "GPU minutes spent" in state.stop["detail"]
+    # what the stopped generation measured may win, so the curve shows it
+    (only,) = curve("toy", state)["generations"]
+    assert only["partial"] and only["best_id"] == ranked(state.outcomes)[0] and only["measured"] == 4
+    assert summary("toy", state, None, [], 0.0)["generations"] == 1
 
 
 def test_a_budget_stopping_midway_still_records_the_build_rejections(tmp_path):
@@ -695,3 +699,19 @@ def test_a_finished_search_read_back_after_its_final_checks_ends_where_it_ended(
     assert again_eval.measured == []
     assert again.stop["condition"] == "generations" and len(again.generations) == 3
     assert [g["best_id"] for g in again.generations] == [g["best_id"] for g in state.generations]
+
+
+def test_a_stored_search_is_not_resumed_under_another_sanitizer_setting():
+    """The final check runs the sanitizer as configured: a pass stored with it switched off must not
+    be read back once it is on (Snakemake reruns the rule on the changed params; the search restarts)."""
+    from evo_sdpa.candidates import StageConfig, fingerprint
+    from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+    cfg = yaml.safe_load((REPO / "config" / "config.yaml").read_text())
+    variant = load_variant(KERNELS_DIR / "v1_scalar")
+    base = fingerprint(variant, "NVIDIA H100 80GB HBM3", StageConfig("9.0", cfg))
+    off = fingerprint(variant, "NVIDIA H100 80GB HBM3", StageConfig("9.0", {**cfg, "stages": {**cfg["stages"], "sanitizer": False}}))
+    padding = {**cfg, "sanitizer": {**cfg["sanitizer"], "padding_bytes": cfg["sanitizer"].get("padding_bytes", 256) * 2}}
+    assert base != off and base != fingerprint(variant, "NVIDIA H100 80GB HBM3", StageConfig("9.0", padding))
+    budgets = {**cfg, "evolve": {**cfg["evolve"], "generations": cfg["evolve"]["generations"] + 4}}
+    assert base == fingerprint(variant, "NVIDIA H100 80GB HBM3", StageConfig("9.0", budgets))

@@ -147,6 +147,27 @@ def test_promote_script_refuses_a_winner_without_tunables(tmp_path):
     assert (REPO / "kernels" / "v4_pipelined" / "variant.yaml").read_bytes() == yaml_before
 
 
+def test_promote_script_moves_only_what_the_search_changed(tmp_path):
+    """A default edited by hand after the search (stages 3 -> 2) stays; the knob the search moved
+    (block_n 64 -> 32) is promoted. Run on a copy of the tree: the real variant.yaml is never written."""
+    import shutil
+
+    for folder in ("scripts", "workflow/schemas", "kernels/v4_pipelined", "kernels/common"):
+        shutil.copytree(REPO / folder, tmp_path / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    meta = tmp_path / "kernels/v4_pipelined/variant.yaml"
+    meta.write_text(meta.read_text().replace("values: [2, 3]\n    default: 3", "values: [2, 3]\n    default: 2"))
+    best = tmp_path / "best.json"
+    winner = {"id": "g02-c03", "tunables": {"stages": 3, "block_n": 32, "min_ctas_d64": 3, "key_split": 1,
+                                            "cluster_split": 1},
+              "changed_from_defaults": {"block_n": 32}}
+    best.write_text(json.dumps({"variant": "v4_pipelined", "status": "pass", "winner": winner}))
+    run = subprocess.run([sys.executable, "scripts/promote_tunables.py", "--variant", "v4_pipelined",
+                          "--best", str(best)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    tunables = yaml.safe_load(meta.read_text())["tunables"]
+    assert (tunables["block_n"]["default"], tunables["stages"]["default"]) == (32, 2)
+
+
 # ---------------------------------------------------------------- the real kernels
 
 

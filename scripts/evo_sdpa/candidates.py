@@ -52,7 +52,9 @@ def fingerprint(variant: Variant, device: str, stage: StageConfig) -> dict:
             "evolve": evolve,
             "shapes": stage.cfg["shape_suites"][stage.evolve["suite"]], "timing": stage.cfg["timing"],
             "tolerance": stage.cfg["tolerance"], "gate_tier": stage.tier("gate_tier"),
-            "final_tier": stage.tier("final_tier")}
+            "final_tier": stage.tier("final_tier"),
+            # the final check runs the sanitizer as the pipeline's stage is configured
+            "sanitizer": stage.cfg.get("sanitizer"), "sanitizer_stage": stage.cfg.get("stages", {}).get("sanitizer")}
 
 
 def root_insight(analysis_path: str) -> Insight:

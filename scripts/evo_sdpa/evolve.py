@@ -2,7 +2,9 @@
 
 A small population of correct candidates; children change one or two levers of a parent
 (mutation) or mix two parents (crossover); rank-based selection; the top K (elites) kept across
-generations; the parent's bottleneck findings choose which lever a mutation changes. A proposer
+generations; bottleneck findings choose which lever a mutation changes (the parent's where its
+outcome carries a profile, else its nearest ancestor's: with the pipeline's evaluator, which times
+candidates without profiling them, the variant's own analysis). A proposer
 command may write children as whole variant folders (code, not only numbers).
 
 This module is the search alone. What touches the machine comes in as arguments: an `Evaluator`
@@ -452,7 +454,8 @@ def stop_reason(settings: Settings, generation: int, best_by_generation: list[fl
                 wall_s: float, gpu_s: float, exhausted: bool) -> dict | None:
     """Why the search stops after `generation` (0-based), or None to go on."""
     if exhausted:
-        return {"condition": "exhausted", "detail": "no configuration of the declared space is left untried"}
+        return {"condition": "exhausted", "detail": "no untried configuration could be drawn from the ranked parents "
+                                                    "(their one- and two-knob changes and crossovers)"}
     spent = budget_spent(settings, wall_s, gpu_s)
     if spent:
         return spent
@@ -629,6 +632,10 @@ def search(space: tuple[Knob, ...], settings: Settings, proposer: Proposer, eval
                 break
             spent = run_generation(generation, candidates, state, settings, evaluator, store, clock, wall, log)
             if spent:
+                # What it measured may win, so the curve shows it too (stored as proposed: a resume
+                # finishes it).
+                partial = generation_record(generation, candidates, elites_in, state, settings.elites, wall())
+                state.generations.append({**partial, "status": "partial"})
                 state.stop = {**spent, "generation": generation, "midway": True}
                 break
             # A generation read back is judged at the wall time it ended with, not today's total
@@ -725,7 +732,8 @@ def curve(variant: str, state: SearchState) -> dict:
         "defaults_fitness": defaults.get("fitness"),
         "generations": [{"generation": g["generation"], "best_fitness": g["best_fitness"], "best_id": g["best_id"],
                          "generation_best_fitness": g["generation_best_fitness"],
-                         "measured": g["measured"], "rejected": g["rejected"]} for g in state.generations],
+                         "measured": g["measured"], "rejected": g["rejected"],
+                         "partial": g["status"] == "partial"} for g in state.generations],
     }
 
 
