@@ -715,3 +715,21 @@ def test_a_stored_search_is_not_resumed_under_another_sanitizer_setting():
     assert base != off and base != fingerprint(variant, "NVIDIA H100 80GB HBM3", StageConfig("9.0", padding))
     budgets = {**cfg, "evolve": {**cfg["evolve"], "generations": cfg["evolve"]["generations"] + 4}}
     assert base == fingerprint(variant, "NVIDIA H100 80GB HBM3", StageConfig("9.0", budgets))
+
+
+def test_proposer_children_with_the_same_code_are_one_experiment():
+    """Each proposer child has a folder of its own; two that hold the same code (by their sources'
+    digest) with the same tunables are one experiment, so the second is not measured again."""
+    def child(cid, folder, sources):
+        return Candidate(cid, 1, {"block": 64}, "proposer", ["g00-c00"], {}, None, folder, None, sources)
+
+    first, same, other = child("g01-c00", "/s/g01-c00/v", "abc"), child("g01-c01", "/s/g01-c01/v", "abc"), \
+        child("g01-c02", "/s/g01-c02/v", "def")
+    assert first.key == same.key and first.key != other.key
+    made = iter([first, same, other])
+    propose = command_proposer(lambda parent, cid, generation, insight: next(made))
+    pool = [Candidate(DEFAULTS_ID, 0, {"block": 64}, "defaults")]
+    children = propose(1, 0, 3, pool, lambda c: None, set(), random.Random(0))
+    assert [c.proposal_error for c in children] == [
+        None, "the proposer wrote a child identical to an earlier candidate", None]
+    assert Candidate.from_dict({k: v for k, v in first.to_dict().items() if k != "sources"}).sources is None

@@ -296,7 +296,10 @@ def command_child_maker(command: str, timeout_s: float | None, base: Variant, st
         child.changed = {name: [parent.tunables.get(name), value] for name, value in child.tunables.items()
                          if parent.tunables.get(name) != value}
         lever["edited"] = edited_files(parent_variant, variant)
+        child.sources = sources_digest(variant_files(variant))
         log.info("proposer child %s of %s: edited %s", child_id, parent.id, ", ".join(lever["edited"]) or "nothing")
+        if not lever["edited"] and not child.changed:
+            child.proposal_error = "the proposer's child changes nothing of its parent (no file edited, no default moved)"
         return child
 
     return make

@@ -136,11 +136,13 @@ class Candidate:
     lever: dict | None = None             # which finding chose the mutated knob (or why none did)
     source_dir: str | None = None         # None: the variant's own folder; else a proposer's child
     proposal_error: str | None = None     # the proposer could not write this child
+    sources: str | None = None            # a proposer child's sources digest (each has a folder of its own)
 
     @property
     def key(self) -> tuple:
-        """What makes two candidates the same experiment."""
-        return (self.source_dir or "", tuple(sorted(self.tunables.items())))
+        """What makes two candidates the same experiment: the same code (a proposer child's by its
+        sources, not its folder) with the same tunables."""
+        return (self.sources or self.source_dir or "", tuple(sorted(self.tunables.items())))
 
     def to_dict(self) -> dict:
         return asdict(self)
