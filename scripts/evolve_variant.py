@@ -14,7 +14,7 @@ from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
 from evo_sdpa.errors import notice, run_stage
 from evo_sdpa.evolve import (Settings, Store, builtin_proposer, check_first_generation, command_proposer,
-                             curve, pick_winner, search, space_of, summary)
+                             confirm_leaders, curve, pick_winner, search, space_of, summary)
 from evo_sdpa.io import write_json
 from evo_sdpa.provenance import stamp
 from evo_sdpa.tunables import constraints, declared
@@ -67,8 +67,10 @@ def main() -> None:
         return
 
     state = search(space, settings, proposer, evaluator, store, root, log=log.info)
-    winner, checks = pick_winner(state, evaluator, store, settings.elites, log=log.info, min_gain=settings.min_gain)
-    best = summary(variant.name, state, winner, checks, store.wall_seconds())
+    confirmed = confirm_leaders(state, evaluator, store, log=log.info)
+    winner, checks = pick_winner(state, evaluator, store, settings.elites, log=log.info, min_gain=settings.min_gain,
+                                 confirmed=confirmed)
+    best = summary(variant.name, state, winner, checks, store.wall_seconds(), confirmed)
     best.update(device=args.device, settings=cfg["evolve"], analysis=root.source)
     stamp(best, variant_inputs(variant), measured_on_card=True)
     won = best["winner"] or {}
