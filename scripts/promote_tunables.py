@@ -1,7 +1,6 @@
 """Make an evolution's winner the variant's defaults: rewrite the `default:` of each tunable the
 search changed from the defaults it measured in kernels/<variant>/variant.yaml (comments and
-layout kept). Not a stage: run it
-by hand after reading best.json, then rerun the pipeline."""
+layout kept). Not a stage: run it by hand after reading best.json, then rerun the pipeline."""
 from evo_sdpa.cli import parser
 from evo_sdpa.errors import StageError, run_stage
 from evo_sdpa.io import read_json, write_text

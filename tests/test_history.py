@@ -143,16 +143,27 @@ def test_accept_run_script_marks_the_pointers_entry(tmp_path):
     assert history.is_accepted(path) and json.loads(path.read_text()) == entry()
 
 
-def run_gate_script(tmp_path: Path, base: dict, current: dict) -> subprocess.CompletedProcess:
+def gate_script(tmp_path: Path, gates: dict = GATES) -> subprocess.CompletedProcess:
+    """check_gates.py over tmp_path's lb.json, pointer.json and history/."""
+    return subprocess.run([sys.executable, "scripts/check_gates.py", "--leaderboard", str(tmp_path / "lb.json"),
+                           "--history-entry", str(tmp_path / "pointer.json"), "--history", str(tmp_path / "history"),
+                           "--config-json", json.dumps({"gates": gates}), "--out", str(tmp_path / "gates.json")],
+                          cwd=REPO, capture_output=True, text=True)
+
+
+def gate_run(tmp_path: Path, current: dict, base: dict | None = None) -> None:
+    """A history with `base` accepted (when given) and `current` as this run's entry."""
     hist = tmp_path / "history"
-    history.accept(history.append(hist, base))
+    if base is not None:
+        history.accept(history.append(hist, base))
     path = history.append(hist, current)
     history.write_pointer(tmp_path / "pointer.json", path, current)
     (tmp_path / "lb.json").write_text(json.dumps({"variants": [], "card_mismatches": []}))
-    return subprocess.run([sys.executable, "scripts/check_gates.py", "--leaderboard", str(tmp_path / "lb.json"),
-                           "--history-entry", str(tmp_path / "pointer.json"), "--history", str(hist),
-                           "--config-json", json.dumps({"gates": GATES}), "--out", str(tmp_path / "gates.json")],
-                          cwd=REPO, capture_output=True, text=True)
+
+
+def run_gate_script(tmp_path: Path, base: dict, current: dict) -> subprocess.CompletedProcess:
+    gate_run(tmp_path, current, base)
+    return gate_script(tmp_path)
 
 
 def test_gate_script_fails_with_one_line_on_a_regression(tmp_path):
@@ -182,18 +193,8 @@ def test_gate_script_names_the_cases_it_did_not_compare(tmp_path):
 
 
 def test_gate_script_says_when_its_pass_checked_next_to_nothing(tmp_path):
-    hist = tmp_path / "history"
-    path = history.append(hist, entry())
-    history.write_pointer(tmp_path / "pointer.json", path, entry())
-    (tmp_path / "lb.json").write_text(json.dumps({"variants": [], "card_mismatches": []}))
-
-    def gate(gates):
-        return subprocess.run([sys.executable, "scripts/check_gates.py", "--leaderboard", str(tmp_path / "lb.json"),
-                               "--history-entry", str(tmp_path / "pointer.json"), "--history", str(hist),
-                               "--config-json", json.dumps({"gates": gates}), "--out", str(tmp_path / "gates.json")],
-                              cwd=REPO, capture_output=True, text=True)
-
-    bare = gate(GATES)
+    gate_run(tmp_path, entry())
+    bare = gate_script(tmp_path)
     assert bare.returncode == 0 and bare.stderr.strip() == (
         f"evo-sdpa: {tmp_path / 'gates.json'}: no variant is required (gates.required_variants, which "
         "gates.min_speedup applies to) and no earlier run here is accepted (scripts/accept_run.py), so only the "
@@ -203,7 +204,7 @@ def test_gate_script_says_when_its_pass_checked_next_to_nothing(tmp_path):
                         "reasons": {}, "speedups": [{"shape": "B2 H8 S512 D64", "dtype": "fp16", "speedup_p50": 1.5}]}],
           "card_mismatches": []}
     (tmp_path / "lb.json").write_text(json.dumps(lb))
-    required = gate({**GATES, "required_variants": ["v"], "min_speedup": 1.2})
+    required = gate_script(tmp_path, {**GATES, "required_variants": ["v"], "min_speedup": 1.2})
     assert required.returncode == 0 and required.stderr == ""
     assert json.loads((tmp_path / "gates.json").read_text())["checked"] == [
         "every result comes from one card model", "v pass build, sanitizer and parity",

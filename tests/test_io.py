@@ -56,7 +56,9 @@ def test_a_stage_record_needs_its_reasons(tmp_path):
     stub = written(tmp_path, "verdict.json", {"status": "pass"})
     with pytest.raises(StageError, match=r"verdict.json: not a stage record \(no 'reasons' key\)"):
         read_record(stub)
-    with pytest.raises(StageError, match=r"not a stage record \(no 'status' key\)"):
+    with pytest.raises(StageError, match=r"not a stage record \(no 'status', 'reasons' key\)"):
+        read_record(written(tmp_path, "empty.json", {}))
+    with pytest.raises(StageError, match=r"not a stage record \(a JSON list, not an object\)"):
         read_record(written(tmp_path, "list.json", []))
     assert read_record(written(tmp_path, "ok.json", {"status": "skipped", "reasons": ["no card"]}))["reasons"] == ["no card"]
     with pytest.raises(StageError, match=r"not a build's resources \('kernels' is a dict\)"):

@@ -682,9 +682,8 @@ def confirm_leaders(state: SearchState, evaluator: Evaluator, store: Store, top:
     re-timings alone: its search timing is the one it was chosen for, high by selection (None where
     a re-timing failed: it does not win). Stored per candidate and read back on a resume.
     Returns id -> {fitness, search, retimed}."""
-    leaders = [cid for cid in ranked(state.outcomes) if cid != DEFAULTS_ID][:top]
-    if DEFAULTS_ID in ranked(state.outcomes):
-        leaders = [DEFAULTS_ID] + leaders
+    order = ranked(state.outcomes)
+    leaders = ([DEFAULTS_ID] if DEFAULTS_ID in order else []) + [cid for cid in order if cid != DEFAULTS_ID][:top]
     timings = {cid: store.retimings(cid) for cid in leaders}
     builds = None
     started = clock()

@@ -71,9 +71,10 @@ def read_json(path: str | os.PathLike) -> Any:
                          f"rebuild it: {rebuild_hint(path)}") from None
 
 
-def _check_fields(path: str | os.PathLike, record: Any, what: str, fields: dict[str, type | tuple[type, ...]]) -> dict:
-    """`record` if it is a JSON object with these fields of these types (a tuple holding
+def read_object(path: str | os.PathLike, what: str, fields: dict[str, type | tuple[type, ...]]) -> dict:
+    """A result that must be a JSON object with these fields of these types (a tuple holding
     type(None) allows null); else one line naming the file, what it lacks and the fix."""
+    record = read_json(path)
     if not isinstance(record, dict):
         problem = f"a JSON {type(record).__name__}, not an object"
     else:
@@ -84,11 +85,6 @@ def _check_fields(path: str | os.PathLike, record: Any, what: str, fields: dict[
     if problem:
         raise StageError(f"{path}: not {what} ({problem}), a damaged result; rebuild it: {rebuild_hint(path)}")
     return record
-
-
-def read_object(path: str | os.PathLike, what: str, fields: dict[str, type | tuple[type, ...]]) -> dict:
-    """A result that must be a JSON object with these fields (read_json, then _check_fields)."""
-    return _check_fields(path, read_json(path), what, fields)
 
 
 # The env stage's record, as far as each reader reads it: a stage the card's ceilings (and the
@@ -105,11 +101,7 @@ def read_env(path: str | os.PathLike, fields: dict = ENV_FIELDS) -> dict:
 def read_record(path: str | os.PathLike) -> dict:
     """A stage's record: a JSON object with a status ("pass", "measured", "skipped", ...) and its
     reasons (a list, empty when it passed)."""
-    record = read_json(path)
-    if not isinstance(record, dict) or "status" not in record:
-        raise StageError(f"{path}: not a stage record (no 'status' key), a damaged result; "
-                         f"rebuild it: {rebuild_hint(path)}")
-    return _check_fields(path, record, "a stage record", {"status": str, "reasons": list})
+    return read_object(path, "a stage record", {"status": str, "reasons": list})
 
 
 def read_verdict(path: str | os.PathLike) -> dict:

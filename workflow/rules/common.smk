@@ -219,25 +219,21 @@ def summary_inputs():
     return inputs
 
 
-def failed_rules(snakemake_logs):
-    """The rules of the jobs that failed on their last attempt: the scheduler's record (a retried
-    job that then passed is not in it, and -q does not hide it), else the log's error headers."""
-    failed = getattr(getattr(workflow, "scheduler", None), "failed", None)
-    if failed is not None:
-        return {j.rule.name for job in failed for j in getattr(job, "jobs", [job])}
-    paths = [snakemake_logs] if isinstance(snakemake_logs, (str, os.PathLike)) else snakemake_logs or []
-    text = "".join(Path(p).read_text(errors="replace") for p in paths if Path(p).is_file())
-    return {line.split()[-1].rstrip(":") for line in text.splitlines() if line.lstrip().startswith("Error in rule")}
+def failed_rules():
+    """The rules of the jobs that failed on their last attempt, as the scheduler records them (a
+    retried job that then passed is not among them); none where no job was scheduled."""
+    failed = getattr(getattr(workflow, "scheduler", None), "failed", None) or []
+    return {j.rule.name for job in failed for j in getattr(job, "jobs", [job])}
 
 
-def date_restored_summary(snakemake_logs, rule_name, outputs):
+def date_restored_summary(rule_name, outputs):
     """Snakemake restores a failed summary job's update() outputs, but with the time of the restore
     and with the failed job's record of its inputs' checksums: the next run takes the restored
     summary as made from results it does not hold (a bench rerun beside the failure) and leaves
     it stale. Date the outputs to the epoch's first second and drop that record (what `snakemake
     --cleanup-metadata` does), so the next run makes them again. Only when the summary job is the
     one that failed: a later job's failure leaves a good summary as it is."""
-    if rule_name not in failed_rules(snakemake_logs):
+    if rule_name not in failed_rules():
         return
     for path in outputs:
         if Path(path).exists():

@@ -33,7 +33,7 @@ rule final_summary:
 
 
 onerror:
-    date_restored_summary(log, "final_summary", rules.final_summary.output)
+    date_restored_summary("final_summary", rules.final_summary.output)
 
 
 # Short CPU jobs on the submitting host: a cluster job restores no update() output (its own
