@@ -36,10 +36,10 @@ def main() -> None:
         log.info("bench %s: %s %s", args.variant, result["status"], "; ".join(result["reasons"]))
         write_json(args.out, result)
 
-    if not cuda_available():
-        finish(skipped(f"not measured: {NO_DEVICE_REASON}"))
-    elif cause:
+    if cause:
         finish(skipped_for("not measured", cause))
+    elif not cuda_available():
+        finish(skipped(f"not measured: {NO_DEVICE_REASON}"))
     else:
         from evo_sdpa.bench import CASE_LIMIT_S, run
         from evo_sdpa.provenance import card

@@ -17,13 +17,12 @@ def reason_not_to_profile(entry: str, enabled: bool, bench: str | None, shape: d
     """A skipped record when this entry is not to be profiled here, else None."""
     if not enabled:
         return skipped("disabled in the config (stages.ncu: false)", disabled=True)
+    if entry != SDPA_ENTRY and (cause := blocked_by(bench=bench)):
+        return skipped_for("not profiled", cause)
     if not gpu_visible():
         return skipped(f"not profiled: {NO_DEVICE_REASON}")
     if entry == SDPA_ENTRY:
         return None
-    cause = blocked_by(bench=bench)
-    if cause:
-        return skipped_for("not profiled", cause)
     why = load_variant(KERNELS_DIR / entry).unsupported_reason(dtype, shape["D"], shape["causal"], shape["S"])
     if why:
         return skipped(f"not profiled: the profile shape is outside its support ({why})")

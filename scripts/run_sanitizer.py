@@ -29,10 +29,10 @@ def main() -> None:
     card = fresh_target_card(Path(args.verdict).parent)
     if not args.enabled:
         result = skipped("disabled in the config (stages.sanitizer: false)", disabled=True)
-    elif not gpu_visible():
-        result = skipped(f"not run: {NO_DEVICE_REASON}")
     elif cause:
         result = skipped_for("not run", cause)
+    elif not gpu_visible():
+        result = skipped(f"not run: {NO_DEVICE_REASON}")
     elif (sanitizer := stage_tool("compute-sanitizer")) is None:
         result = skipped(f"not run: {TORCH_SEES_NO_DEVICE}")
     else:

@@ -250,12 +250,19 @@ def test_compile_error_is_a_verdict_with_the_first_error(tmp_path):
     root = copy_tree(tmp_path)
     kernel = root / "kernels/v1_scalar/kernel.cu"
     kernel.write_text(kernel.read_text() + "\nthis_is_not_cuda;\n")
-    snakemake(root, "--cores", "1", "results/build/v1_scalar/verdict.json", "--configfile", "config/test.yaml")
+    snakemake(root, "--cores", "1", "results/nsight/v1_scalar/status.json", "--configfile", "config/test.yaml")
     verdict = json.loads((root / "results/build/v1_scalar/verdict.json").read_text())
     assert verdict["status"] == "fail"
     assert "kernel.cu(" in verdict["first_error"] and "error" in verdict["first_error"]
     assert "this_is_not_cuda" in (root / "results/build/v1_scalar/compiler.log").read_text()
     assert verdict["artifact"] is None
+    # Every later stage names the failed build, not the host's missing GPU, as why it did not run.
+    for stage, path in (("sanitizer", "sanitizer/v1_scalar/verdict.json"), ("parity", "parity/v1_scalar.json"),
+                        ("bench", "bench/v1_scalar.json"), ("ncu", "nsight/v1_scalar/status.json")):
+        record = json.loads((root / "results" / path).read_text())
+        assert record["status"] == "skipped", stage
+        assert record["cause"]["stage"] == "build" and record["cause"]["status"] == "fail", stage
+        assert "build failed" in record["reasons"][0], (stage, record["reasons"])
 
 
 def test_missing_nvcc_is_one_line_naming_the_tool(tmp_path):
