@@ -5,7 +5,7 @@ from evo_sdpa.config import suite_shapes
 from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
 from evo_sdpa.errors import run_stage
-from evo_sdpa.gating import blocked_by, skipped, skipped_for
+from evo_sdpa.gating import blocked_by, cannot_run
 from evo_sdpa.io import CEILINGS, read_env, read_json, write_json
 from evo_sdpa.provenance import stamp
 from evo_sdpa.variants import KERNELS_DIR, load_variant
@@ -36,10 +36,8 @@ def main() -> None:
         log.info("bench %s: %s %s", args.variant, result["status"], "; ".join(result["reasons"]))
         write_json(args.out, result)
 
-    if cause:
-        finish(skipped_for("not measured", cause))
-    elif not cuda_available():
-        finish(skipped(f"not measured: {NO_DEVICE_REASON}"))
+    if blocked := cannot_run("not measured", cause, None if cuda_available() else NO_DEVICE_REASON):
+        finish(blocked)
     else:
         from evo_sdpa.bench import CASE_LIMIT_S, run
         from evo_sdpa.provenance import card

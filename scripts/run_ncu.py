@@ -6,7 +6,7 @@ from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, TORCH_SEES_NO_DEVICE, gpu_visible, stage_tool
 from evo_sdpa.errors import fail, notice, run_stage
-from evo_sdpa.gating import blocked_by, skipped, skipped_for
+from evo_sdpa.gating import blocked_by, cannot_run, skipped
 from evo_sdpa.io import write_json, write_text
 from evo_sdpa.profiling import profile
 from evo_sdpa.provenance import fresh_target_card, stamp, target_card, target_found_no_device
@@ -17,10 +17,9 @@ def reason_not_to_profile(entry: str, enabled: bool, bench: str | None, shape: d
     """A skipped record when this entry is not to be profiled here, else None."""
     if not enabled:
         return skipped("disabled in the config (stages.ncu: false)", disabled=True)
-    if entry != SDPA_ENTRY and (cause := blocked_by(bench=bench)):
-        return skipped_for("not profiled", cause)
-    if not gpu_visible():
-        return skipped(f"not profiled: {NO_DEVICE_REASON}")
+    cause = None if entry == SDPA_ENTRY else blocked_by(bench=bench)
+    if blocked := cannot_run("not profiled", cause, None if gpu_visible() else NO_DEVICE_REASON):
+        return blocked
     if entry == SDPA_ENTRY:
         return None
     why = load_variant(KERNELS_DIR / entry).unsupported_reason(dtype, shape["D"], shape["causal"], shape["S"])

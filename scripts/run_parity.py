@@ -8,7 +8,7 @@ from evo_sdpa.cli import config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, cuda_available
 from evo_sdpa.errors import StageError, run_stage
-from evo_sdpa.gating import blocked_by, skipped, skipped_for
+from evo_sdpa.gating import blocked_by, cannot_run, skipped
 from evo_sdpa.io import read_json, write_json
 from evo_sdpa.oracle import oracle_records
 from evo_sdpa.parity import (CASE_LIMIT_S, build_matrix, hung_record, run_case, table_errors, tier_name,
@@ -42,13 +42,9 @@ def main() -> None:
     sources = variant_inputs(variant)
     on_gpu = cuda_available()
     tier = tier_name(cfg["parity"], on_gpu)
-    cause = blocked_by(build=args.build)
-    if cause:
-        write_json(args.out, stamp(skipped_for("not run", cause, variant=args.variant), sources))
-        return
-    if not on_gpu and variant.kind == "cuda":
-        write_json(args.out, stamp(skipped(f"not run: {NO_DEVICE_REASON} (a CUDA variant needs one)",
-                                           variant=args.variant), sources))
+    no_device = f"{NO_DEVICE_REASON} (a CUDA variant needs one)" if not on_gpu and variant.kind == "cuda" else None
+    if blocked := cannot_run("not run", blocked_by(build=args.build), no_device):
+        write_json(args.out, stamp({**blocked, "variant": args.variant}, sources))
         return
     from evo_sdpa.runners import interpreter_blocker, load_built
 

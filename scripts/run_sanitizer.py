@@ -6,7 +6,7 @@ from evo_sdpa.cli import bool_arg, config_arg, parser, setup_logging
 from evo_sdpa.deps import variant_inputs
 from evo_sdpa.device import NO_DEVICE_REASON, TORCH_SEES_NO_DEVICE, gpu_visible, stage_tool
 from evo_sdpa.errors import run_stage
-from evo_sdpa.gating import blocked_by, skipped, skipped_for
+from evo_sdpa.gating import blocked_by, cannot_run, skipped
 from evo_sdpa.io import write_json
 from evo_sdpa.provenance import fresh_target_card, stamp, target_card, target_found_no_device
 from evo_sdpa.sanitizer import check_variant
@@ -29,10 +29,8 @@ def main() -> None:
     card = fresh_target_card(Path(args.verdict).parent)
     if not args.enabled:
         result = skipped("disabled in the config (stages.sanitizer: false)", disabled=True)
-    elif cause:
-        result = skipped_for("not run", cause)
-    elif not gpu_visible():
-        result = skipped(f"not run: {NO_DEVICE_REASON}")
+    elif blocked := cannot_run("not run", cause, None if gpu_visible() else NO_DEVICE_REASON):
+        result = blocked
     elif (sanitizer := stage_tool("compute-sanitizer")) is None:
         result = skipped(f"not run: {TORCH_SEES_NO_DEVICE}")
     else:

@@ -75,6 +75,17 @@ def test_skipped_stage_blocks_with_its_own_reason(tmp_path):
     assert gating.describe(cause).startswith("sanitizer skipped (not run: ")
 
 
+def test_a_failed_upstream_stage_outranks_a_missing_device_and_a_skip_does_not(tmp_path):
+    failed_build = gating.blocked_by(build=write(tmp_path / "b.json", {"status": "fail", "reasons": ["1 error"]}))
+    no_gpu_skip = gating.blocked_by(sanitizer=write(tmp_path / "s.json", gating.skipped(f"not run: {NO_DEVICE_REASON}")))
+    assert gating.cannot_run("not measured", failed_build, NO_DEVICE_REASON)["reasons"] == [
+        "not measured: build failed (1 error)"]
+    assert gating.cannot_run("not measured", no_gpu_skip, NO_DEVICE_REASON)["reasons"] == [
+        f"not measured: {NO_DEVICE_REASON}"]
+    assert gating.cannot_run("not measured", no_gpu_skip, None)["cause"]["stage"] == "sanitizer"
+    assert gating.cannot_run("not measured", None, None) is None
+
+
 def test_disabled_sanitizer_does_not_block(tmp_path):
     build = write(tmp_path / "b.json", {"status": "pass", "reasons": []})
     san = write(tmp_path / "s.json", gating.skipped("disabled in the config (stages.sanitizer: false)",

@@ -46,3 +46,17 @@ def skipped(reason: str, cause: dict | None = None, **extra) -> dict:
 def skipped_for(verb: str, cause: dict, **extra) -> dict:
     """A record for a stage that did not run because an earlier one did not pass."""
     return skipped(f"{verb}: {describe(cause)}", cause, **extra)
+
+
+def cannot_run(verb: str, cause: dict | None, no_device: str | None) -> dict | None:
+    """The skipped record for a stage that cannot run here, else None. An upstream failure comes
+    first, since it is news wherever the stage runs; then a missing device (`no_device`, its
+    reason); then an upstream stage that was itself skipped, which on a host without a GPU is
+    usually skipped for the same missing device."""
+    if cause and cause["status"] == "fail":
+        return skipped_for(verb, cause)
+    if no_device:
+        return skipped(f"{verb}: {no_device}")
+    if cause:
+        return skipped_for(verb, cause)
+    return None
