@@ -756,7 +756,7 @@ def test_the_leaders_are_timed_again_before_one_wins(tmp_path):
     confirmed = confirm_leaders(state, evaluator, store)
     assert list(confirmed) == [DEFAULTS_ID, "g00-c01", "g00-c02", "g00-c03"]
     assert confirmed["g00-c01"] == {"fitness": pytest.approx((0.99 * 0.99 * 1.0) ** (1 / 3)), "search": 1.10,
-                                    "retimed": [0.99, 0.99, 1.0]}
+                                    "retimed": [0.99, 0.99, 1.0], "gpu_seconds": pytest.approx(0.0, abs=1.0)}
     assert confirmed["g00-c03"]["fitness"] is None   # a re-timing failed its re-check: it cannot win
     winner, _ = pick_winner(state, evaluator, store, 2, min_gain=0.01, confirmed=confirmed)
     assert winner == "g00-c02"
@@ -788,3 +788,32 @@ def test_confirmation_takes_the_winners_curse_off_a_flat_landscape(tmp_path):
         gains.append(confirmed[order[0]]["fitness"] / confirmed[DEFAULTS_ID]["fitness"])
     assert plain >= 28 and checked <= 12, (plain, checked)
     assert statistics.median(gains) < 1.005
+
+
+def test_the_gpu_seconds_count_the_retimings_and_the_final_checks(tmp_path):
+    """best.json's GPU seconds are the search's gates and timings, the leaders' re-timings and the
+    final checks', each phase also alone; a resume reads the latter two back, not timing them again."""
+    from evo_sdpa.evolve import confirm_leaders
+
+    clock = FakeClock()
+
+    class Final(FakeEvaluator):
+        def final_check(self, candidate, build):
+            clock.now += 90.0
+            return super().final_check(candidate, build)
+
+    evaluator = Final(clock=clock, gpu_cost=10.0, build_cost=5.0)
+    state, _, store = run(tmp_path, evaluator, clock=clock, generations=1, population=6)
+    search_gpu = state.gpu_seconds()
+    assert search_gpu == pytest.approx(10.0 * len(evaluator.measured))
+    confirmed = confirm_leaders(state, evaluator, store, clock=clock)
+    assert [c["gpu_seconds"] for c in confirmed.values()] == [pytest.approx(30.0)] * 4   # 3 rounds of 10 s each
+    winner, checks = pick_winner(state, evaluator, store, tries=2, clock=clock, confirmed=confirmed)
+    assert checks[0]["gpu_seconds"] == pytest.approx(90.0)   # the build before it (5 s) is the host's
+    best = summary("toy", state, winner, checks, store.wall_seconds(), confirmed)
+    assert best["gpu_seconds_by_phase"] == {"search": pytest.approx(search_gpu), "confirm": 120.0, "final_checks": 90.0}
+    assert best["gpu_seconds"] == pytest.approx(search_gpu + 120.0 + 90.0)
+    again = Final(clock=clock)
+    assert confirm_leaders(state, again, store, clock=clock) == confirmed
+    assert pick_winner(state, again, store, tries=2, clock=clock, confirmed=confirmed)[1] == checks
+    assert again.measured == [] and again.finals == []

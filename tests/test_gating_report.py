@@ -860,6 +860,11 @@ def test_summary_shows_each_evolution_run(gpu_tree):
     assert "Final check of g01-c02 (full parity tier and every sanitizer tool): pass." in text
     assert f"Promote the winner into the variant's defaults: `{best['promote']}`" in text
     assert "### bad" not in text
+    assert "Wall 438 s, GPU 331 s." in text   # a record from before the phases were kept
+    write_json(layout_of(gpu_tree).path("evolve_best", "good"),
+               {**best, "gpu_seconds_by_phase": {"search": 250.2, "confirm": 41.0, "final_checks": 40.2}})
+    text = report.render(report.build_leaderboard(layout_of(gpu_tree), ["bad", "good"], CFG, [s.label for s in SUITE]))
+    assert "Wall 438 s, GPU 331 s (search 250, re-timing the leaders 41, final checks 40)." in text
 
 
 def test_summary_prints_the_state_each_variant_was_measured_at(gpu_tree):

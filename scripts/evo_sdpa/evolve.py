@@ -681,7 +681,8 @@ def confirm_leaders(state: SearchState, evaluator: Evaluator, store: Store, top:
     own process, as in the search), and a leader's confirmed fitness is the geometric mean of its
     re-timings alone: its search timing is the one it was chosen for, high by selection (None where
     a re-timing failed: it does not win). Stored per candidate and read back on a resume.
-    Returns id -> {fitness, search, retimed}."""
+    Returns id -> {fitness, search, retimed, gpu_seconds (the re-timings' own, the GPU time the
+    search's budget did not see)}."""
     order = ranked(state.outcomes)
     leaders = ([DEFAULTS_ID] if DEFAULTS_ID in order else []) + [cid for cid in order if cid != DEFAULTS_ID][:top]
     timings = {cid: store.retimings(cid) for cid in leaders}
@@ -694,17 +695,20 @@ def confirm_leaders(state: SearchState, evaluator: Evaluator, store: Store, top:
                     continue
                 if builds is None:
                     builds = evaluator.build([state.candidates[c] for c in leaders])
+                timed = clock()
                 measured = evaluator.measure(state.candidates[cid], builds.get(cid, {}))
                 fitness = fitness_of(measured["speedups"]) if measured.get("status") == "measured" else None
                 timings[cid].append({"fitness": fitness, "status": measured.get("status"),
-                                     "reason": measured.get("reason", "")})
+                                     "reason": measured.get("reason", ""), "gpu_seconds": clock() - timed})
                 store.save_retimings(cid, timings[cid])
     finally:
         store.add_wall_seconds(clock() - started)
     confirmed = {}
     for cid in leaders:
         retimed = [t["fitness"] for t in timings[cid][:rounds]]
-        confirmed[cid] = {"fitness": geomean(retimed), "search": state.outcomes[cid]["fitness"], "retimed": retimed}
+        confirmed[cid] = {"fitness": geomean(retimed), "search": state.outcomes[cid]["fitness"], "retimed": retimed,
+                          # records from before it was timed have none: counted as 0
+                          "gpu_seconds": sum(t.get("gpu_seconds") or 0.0 for t in timings[cid][:rounds])}
         log(f"confirm {cid}: search {state.outcomes[cid]['fitness']:.4f}, again "
             + " ".join("failed" if v is None else f"{v:.4f}" for v in retimed)
             + (f" -> {confirmed[cid]['fitness']:.4f}" if confirmed[cid]["fitness"] else " -> cannot win"))
@@ -735,8 +739,8 @@ def pick_winner(state: SearchState, evaluator: Evaluator, store: Store, tries: i
                 clock: Callable[[], float] = time.monotonic,
                 confirmed: dict[str, dict] | None = None) -> tuple[str | None, list[dict]]:
     """The first candidate of winner_order that passes the final checks (the next when it does
-    not, up to `tries`); every check is recorded, and read back on a resume. Their wall time
-    counts in the store's, like the search's."""
+    not, up to `tries`); every check is recorded with its GPU seconds (the build before it is the
+    host's), and read back on a resume. Their wall time counts in the store's, like the search's."""
     checks = []
     order = winner_order(state, min_gain, confirmed)
     best = winner_order(state, 0.0, confirmed)[:1]
@@ -748,7 +752,10 @@ def pick_winner(state: SearchState, evaluator: Evaluator, store: Store, tries: i
             record = store.final(cid)
             if record is None:
                 candidate = state.candidates[cid]
-                record = evaluator.final_check(candidate, evaluator.build([candidate])[cid])
+                build = evaluator.build([candidate])[cid]
+                checked = clock()
+                record = evaluator.final_check(candidate, build)
+                record = {**record, "gpu_seconds": clock() - checked}
                 store.save_final(cid, record)
             checks.append({"id": cid, **record})
             log(f"final check {cid}: {record['status']} {'; '.join(record.get('reasons') or [])}")
@@ -803,9 +810,13 @@ def summary(variant: str, state: SearchState, winner: str | None, checks: list[d
             wall_s: float, confirmed: dict[str, dict] | None = None) -> dict:
     """best.json: the winner (or why there is none), against the defaults, and how the search went.
     Where the leaders were re-timed (confirm_leaders), the winner's fitness and its ratio over the
-    defaults are the confirmed ones; the search's single timing stays beside them."""
+    defaults are the confirmed ones; the search's single timing stays beside them. The GPU seconds
+    are the search's, the re-timings' and the final checks', each also given alone."""
     defaults = state.outcomes.get(DEFAULTS_ID, {})
     confirmed = confirmed or {}
+    gpu = {"search": state.gpu_seconds(),
+           "confirm": sum(c.get("gpu_seconds") or 0.0 for c in confirmed.values()),
+           "final_checks": sum(c.get("gpu_seconds") or 0.0 for c in checks)}
 
     def fitness(cid: str) -> float | None:
         return confirmed[cid]["fitness"] if cid in confirmed else state.outcomes.get(cid, {}).get("fitness")
@@ -828,7 +839,8 @@ def summary(variant: str, state: SearchState, winner: str | None, checks: list[d
         "confirmed": confirmed,
         "final_checks": checks,
         "wall_seconds": round(wall_s, 1),
-        "gpu_seconds": round(state.gpu_seconds(), 1),
+        "gpu_seconds": round(sum(gpu.values()), 1),
+        "gpu_seconds_by_phase": {phase: round(seconds, 1) for phase, seconds in gpu.items()},
         "winner": None,
     }
     if winner:

@@ -391,6 +391,7 @@ def evolution_entry(name: str, best: dict) -> dict:
         "stop": best.get("stop") or {}, "candidates": counts, "rejected_by": counts.get("rejected_by") or {},
         "not_reached": counts.get("not_reached"),   # records before it was counted have none
         "wall_seconds": best.get("wall_seconds"), "gpu_seconds": best.get("gpu_seconds"),
+        "gpu_seconds_by_phase": best.get("gpu_seconds_by_phase") or {},   # records before it was kept have none
         "suite": (best.get("settings") or {}).get("suite"),
         "defaults_fitness": (best.get("defaults") or {}).get("fitness"),
         "winner": {"id": winner["id"], "fitness": winner.get("fitness"), "over_defaults": winner.get("over_defaults"),
