@@ -155,9 +155,9 @@ def argument_parser() -> argparse.ArgumentParser:
                         help="after timing a shape, check every configuration's output on it against "
                              "the float64 reference (the bench stage's re-check), up to this size")
     parser.add_argument("--graph-calls", type=int, default=None, metavar="N",
-                        help="calls per replayed graph instead of the config's timing.graph_calls; the sets a "
-                             "graph rotates are at most its calls, so a longer graph lets a small shape's "
-                             "sets outgrow L2 (each record's cache label says whether they did)")
+                        help="at least N calls per replayed graph instead of the config's timing.graph_calls "
+                             "(a graph grows past it to read every set its shape rotates: enough to outgrow "
+                             "twice the L2, unless --graph-sets says how many)")
     parser.add_argument("--graph-sets", type=int, default=None, metavar="N",
                         help="graph-timed shapes rotate N input sets instead of enough to exceed L2 "
                              "(1 keeps the inputs in L2: how much of a call is DRAM latency)")

@@ -84,13 +84,14 @@ def test_eager_timing_measures_a_known_duration():
 
 
 def test_graph_timing_rotates_sets_beyond_l2_unless_told_how_many():
-    """By default a graph-timed shape rotates enough input sets to exceed L2; graph_sets=1 (ab_sweep's
-    --graph-sets, a diagnosis) keeps one set in L2, and the record says which it was. A call that
+    """By default a graph-timed shape rotates enough input sets to exceed twice the L2, in a graph
+    grown past graph_calls to read them all; graph_sets=1 (ab_sweep's --graph-sets, a diagnosis)
+    keeps one set in L2 in a graph of graph_calls, and the record says which it was. A call that
     streams its inputs from DRAM is slower than the same call on inputs L2 holds."""
     import torch
 
     from evo_sdpa.shapes import Shape
-    from evo_sdpa.timing import time_shape
+    from evo_sdpa.timing import l2_bytes, time_shape
 
     shape = Shape.from_dict({"B": 4, "H": 8, "S": 512, "D": 64, "causal": False, "graph": True})  # 8 MB a set
     timing = {"warmup_ms": 5, "min_samples": 10, "min_time_ms": 5, "max_time_ms": 1000,
@@ -98,7 +99,9 @@ def test_graph_timing_rotates_sets_beyond_l2_unless_told_how_many():
     factories = {"sum": lambda q, k, v: (lambda: torch.add(q, k).add_(v))}  # reads all of q, k, v
     rotated = time_shape(factories, shape, "fp16", timing)["graph"]["sum"]
     in_l2 = time_shape(factories, shape, "fp16", timing, graph_sets=1)["graph"]["sum"]
-    assert "(together 64.0 MiB: larger than the" in rotated["cache"] and rotated["cache"].startswith("8 input sets")
+    sets = -(-2 * l2_bytes() // (8 << 20))   # 13 on an H100's 50 MiB
+    assert rotated["cache"].startswith(f"{sets} input sets rotated per replay (together {8 * sets:.1f} MiB: larger than")
+    assert rotated["mode"] == f"graph x{sets}" and in_l2["mode"] == "graph x8"
     assert in_l2["cache"].startswith("1 input sets rotated per replay (one set 8.0 MiB: fits in the")
     # The timing sets no L2 aside and the call sets none, so the label claims no reset.
     assert all(t["cache"].endswith("; no L2 set aside for persisting lines") for t in (rotated, in_l2))

@@ -292,8 +292,26 @@ def test_without_a_driver_the_cache_label_claims_nothing_about_persisting_lines(
     assert reset.describe() == ""
 
 
+def test_a_graph_grows_to_read_enough_sets_to_outgrow_twice_the_l2(monkeypatch):
+    """graph_calls is the fewest calls a replay makes; a shape whose sets are small gets a longer
+    graph, since a graph reads at most one set per call (an H100's 50 MiB L2 here)."""
+    mib = 1 << 20
+    monkeypatch.setattr(timing, "l2_bytes", lambda: 50 * mib)
+    assert timing.graph_plan(1 * mib, 32) == (100, 100)     # (1,8,256,64) fp16: 100 MiB in 100 calls
+    assert timing.graph_plan(2 * mib, 32) == (50, 50)       # (1,8,512,64)
+    assert timing.graph_plan(2 * mib, 128) == (50, 128)     # the config's floor is longer
+    assert timing.graph_plan(8 * mib, 32) == (13, 32)       # (4,8,512,64): 104 MiB
+    assert timing.graph_plan(1024, 32) == (timing.MAX_GRAPH_CALLS,) * 2   # the schema's bound caps both
+    assert timing.graph_plan(2 * mib, 32, graph_sets=1) == (1, 32)        # a diagnosis keeps its sets
+    for set_bytes in (1024, mib, 2 * mib, 3 * mib, 8 * mib, 64 * mib):
+        n_sets, calls = timing.graph_plan(set_bytes, 32)
+        assert calls >= n_sets and (n_sets * set_bytes >= 2 * 50 * mib or n_sets == timing.MAX_GRAPH_CALLS)
+        assert timing.rotation_label(min(n_sets, calls), set_bytes, 50 * mib).endswith(
+            "x)") or n_sets == timing.MAX_GRAPH_CALLS   # "larger than the 50 MiB L2, N.Nx"
+
+
 def test_the_rotation_label_says_whether_the_sets_outgrow_l2():
-    """The graph's length caps the rotated sets, so a small shape's rotation can fit in L2: the
+    """A graph shorter than its sets caps the rotation, so a diagnosis's can fit in L2: the
     label says what the bytes are against the card's L2 (an H100's 50 MiB here)."""
     l2, mib = 50 << 20, 1 << 20
     assert timing.rotation_label(32, 1 * mib, l2) == (

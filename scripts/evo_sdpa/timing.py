@@ -338,8 +338,8 @@ def time_graph(calls: dict[str, Callable[[int], None]], n_sets: int, graph_calls
 
 def rotation_label(n_sets: int, set_bytes: int, l2: int) -> str:
     """What a graph's input rotation leaves in L2, as the record says it: the sets' bytes against
-    the L2's. The graph's length caps the sets (input_sets_beyond_l2), so a small shape's rotation
-    can fit in L2; the label then says so rather than claim otherwise."""
+    the L2's. A graph shorter than its sets caps them (graph_plan grows the pipeline's graphs past
+    that; a diagnosis may not), and the label then says the rotation fits rather than claim otherwise."""
     mib = 1 << 20
     together = n_sets * set_bytes
     what = "one set" if n_sets == 1 else "together"
@@ -348,6 +348,20 @@ def rotation_label(n_sets: int, set_bytes: int, l2: int) -> str:
     else:
         where = f"fits in the {l2 / mib:.0f} MiB L2"
     return f"{n_sets} input sets rotated per replay ({what} {together / mib:.1f} MiB: {where})"
+
+
+MAX_GRAPH_CALLS = 1024   # the config schema's bound on timing.graph_calls
+
+
+def graph_plan(set_bytes: int, graph_calls: int, graph_sets: int | None = None) -> tuple[int, int]:
+    """(input sets, calls per replay) for a graph-timed shape: enough sets to outgrow twice the L2,
+    in a graph of at least `graph_calls` calls that reads every one of them (a graph reads at most
+    one set per call, so a short graph would cap a small shape's rotation inside the L2). With
+    `graph_sets` (a diagnosis), that many sets in a graph of `graph_calls`."""
+    if graph_sets:
+        return graph_sets, graph_calls
+    n_sets = input_sets_beyond_l2(set_bytes, MAX_GRAPH_CALLS)
+    return n_sets, max(graph_calls, n_sets)
 
 
 def input_sets_beyond_l2(set_bytes: int, cap: int) -> int:
@@ -398,8 +412,8 @@ def time_shape(factories: dict[str, Callable], shape, dtype: str, timing: dict, 
     """Time callables on one shape and dtype, interleaved. `factories[name](q, k, v)` returns a
     zero-argument call on those inputs. Returns {mode: {name: result}}: always "eager"
     (L2 flushed per call when configured), plus "graph" for shapes marked graph: true, whose
-    replays rotate enough input sets to exceed L2 unless `graph_sets` says how many (a diagnosis:
-    1 keeps the inputs in L2; the record says which)."""
+    replays rotate enough input sets to exceed twice the L2 (graph_plan) unless `graph_sets` says
+    how many (a diagnosis: 1 keeps the inputs in L2; the record says which)."""
     import torch
 
     rule = StopRule.from_config(timing)
@@ -408,13 +422,13 @@ def time_shape(factories: dict[str, Callable], shape, dtype: str, timing: dict, 
                                    rule, timing["warmup_ms"], timing["l2_flush"])}
     if shape.graph:
         set_bytes = 4 * first[0].numel() * first[0].element_size()
-        n_sets = graph_sets or input_sets_beyond_l2(set_bytes, timing["graph_calls"])
+        n_sets, graph_calls = graph_plan(set_bytes, timing["graph_calls"], graph_sets)
         sets = [input_set(shape, dtype, seed, i) for i in range(n_sets)]
         calls = {}
         for name, make in factories.items():
             per_set = [make(*qkv) for qkv in sets]
             calls[name] = lambda i, per_set=per_set: per_set[i]()
-        results["graph"] = time_graph(calls, n_sets, timing["graph_calls"], rule, timing["warmup_ms"], set_bytes)
+        results["graph"] = time_graph(calls, n_sets, graph_calls, rule, timing["warmup_ms"], set_bytes)
         del sets, calls
     del first
     torch.cuda.empty_cache()
