@@ -560,8 +560,6 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     const trace::Probe probe{};
 #endif
 
-    // V5_DEV_INIT_FIRST: in the split kernels the barriers come before the first read of the constant bank.
-    constexpr bool kInitFirst = Traits::kSplit && V5_DEV_INIT_FIRST > 0;
     // V5_DEV_KEEP_LAUNCH_REGISTERS: the split kernels' warp groups keep the registers they launch with
     // (no setmaxnreg), so every CTA holds the same allocation from entry to exit (NOTES.md, run 197).
     constexpr bool kKeepLaunchRegisters = Traits::kSplit && V5_DEV_KEEP_LAUNCH_REGISTERS > 0;
@@ -572,22 +570,20 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         if constexpr (Traits::kTmaEpilogue) prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
     };
     if (threadIdx.x == 0) {
-        if constexpr (!kInitFirst) prefetch_descriptors();
+        // A split CTA's barriers come before anything that reads the launch's constant bank (the
+        // descriptors' address, the cluster's size), which its entry used to wait on (NOTES.md, run 199).
+        if constexpr (!Traits::kSplit) prefetch_descriptors();
         for (int b = 0; b < Traits::kQBuffers; ++b) {
             Traits::BarrierQ::init(&shared.barrier_q[b], 1);
             Traits::BarrierQEmpty::init(&shared.barrier_q_empty[b], Traits::kConsumerThreads);
         }
         init_ring_barriers<Traits>(shared.pipeline_k);
         init_ring_barriers<Traits>(shared.pipeline_v);
-        // The split count from the cluster, not the parameters. %cluster_nctarank is a constant-bank load
-        // too (c[0x0][0x188] in the SASS), which the receive barriers' loop waits on (NOTES.md, run 197).
-        if constexpr (kInitFirst) {
-            ClusterMerge<Traits>::init_unarmed_barriers(shared);
-        } else if constexpr (Traits::kSplit) {
-            ClusterMerge<Traits>{shared, evo_sm90::cluster_size()}.init_barriers();
-        }
+        // Unarmed: their bytes depend on the split count, and %cluster_nctarank is a constant-bank load
+        // (c[0x0][0x188] in the SASS); the owner arms its own at the merge.
+        if constexpr (Traits::kSplit) ClusterMerge<Traits>::init_unarmed_barriers(shared);
         cutlass::arch::fence_barrier_init();   // one fence for every barrier above
-        if constexpr (kInitFirst) prefetch_descriptors();
+        if constexpr (Traits::kSplit) prefetch_descriptors();
 #if V5_HOPPER_TRACE
         trace::clear(shared.trace_row);
 #endif

@@ -52,21 +52,10 @@ struct ClusterMerge {
         return uint32_t((splits - 1) * kChunks * Traits::kChunkBytes);
     }
 
-    // Entry, thread 0: two receive barriers per owned warp, armed with their bytes (the caller fences
-    // the initialisations).
-    __device__ void init_barriers() const {
-        static_assert(Traits::kLandings == 2, "an owned warp's states land in two halves");
-        for (int owned = 0; owned < Traits::kConsumerWarps >> shift(); ++owned) {
-            evo_sm90::init_receive_barrier(barrier(owned, 0), landing_bytes<0>());
-            evo_sm90::init_receive_barrier(barrier(owned, 1), landing_bytes<1>());
-        }
-    }
-
-    // V5_DEV_INIT_FIRST (kInitFirst): entry initialises the most owned warps' barriers with their one
-    // arrival pending and no bytes, so it needs no split count; the owner's lane 0 arms its two at
-    // the merge. Pushes that land before that arrival take the transaction count below zero, and the
-    // phase cannot complete while the arrival is pending.
-    static constexpr bool kInitFirst = V5_DEV_INIT_FIRST > 0;
+    // Entry, thread 0: the most owned warps' receive barriers, each with its one arrival pending and
+    // no bytes, so entry needs no split count (the caller fences). The owner's lane 0 arms its two at
+    // the merge (arm_barriers); pushes that land before that take the transaction count below zero,
+    // and the phase cannot complete while the arrival is pending.
     static __device__ void init_unarmed_barriers(typename Traits::SharedStorage& storage) {
         for (int i = 0; i < Traits::kMostOwnedWarps * Traits::kLandings; ++i) {
             evo_sm90::init_unarmed_barrier(cute::cast_smem_ptr_to_uint(&storage.receive_barrier[i]));
@@ -119,9 +108,7 @@ struct ClusterMerge {
             probe.mark(trace::kMergeLanded);
             return false;
         }
-        if constexpr (kInitFirst) {
-            if (lane == 0) arm_barriers(owned);
-        }
+        if (lane == 0) arm_barriers(owned);
         evo_sm90::wait_barrier<0>(barrier(owned, 0));
         probe.mark(trace::kMergeLanded);
         // At D=64 the fold is compiled for the cluster's split count. At D=128 that moved ptxas's

@@ -137,15 +137,6 @@
 #define CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED
 #endif
 
-// Development macro (off): a split CTA's thread 0 initialises its barriers before anything that reads
-// the launch's constant bank. The receive barriers are initialised unarmed for the most owned warps,
-// without the cluster's size (a constant-bank load the loop waited on), and the owner's lane 0 arms
-// them at the merge; the TMA descriptor prefetches, which wait on the parameters' address, come after
-// the fence (NOTES.md, run 197).
-#ifndef V5_DEV_INIT_FIRST
-#define V5_DEV_INIT_FIRST 0
-#endif
-
 // Development macro (off): the split kernels skip setmaxnreg, each warp group keeping the registers
 // the CTA launches with (128 a thread at D=64 two to an SM), against run 197's question whether a
 // register file traded by setmaxnreg keeps the next grid out of the slots this one frees.
