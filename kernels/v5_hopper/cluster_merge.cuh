@@ -62,6 +62,7 @@ struct ClusterMerge {
         }
     }
     __device__ void arm_barriers(int owned) const {
+        static_assert(Traits::kLandings == 2, "an owned warp's states land in two halves");
         evo_sm90::arm_receive_barrier(barrier(owned, 0), landing_bytes<0>());
         evo_sm90::arm_receive_barrier(barrier(owned, 1), landing_bytes<1>());
     }
