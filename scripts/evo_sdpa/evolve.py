@@ -815,8 +815,8 @@ def summary(variant: str, state: SearchState, winner: str | None, checks: list[d
     defaults = state.outcomes.get(DEFAULTS_ID, {})
     confirmed = confirmed or {}
     gpu = {"search": state.gpu_seconds(),
-           "confirm": sum(c.get("gpu_seconds") or 0.0 for c in confirmed.values()),
-           "final_checks": sum(c.get("gpu_seconds") or 0.0 for c in checks)}
+           "confirm": sum(c["gpu_seconds"] for c in confirmed.values()),
+           "final_checks": sum(c.get("gpu_seconds") or 0.0 for c in checks)}   # checks stored before it have none
 
     def fitness(cid: str) -> float | None:
         return confirmed[cid]["fitness"] if cid in confirmed else state.outcomes.get(cid, {}).get("fitness")
