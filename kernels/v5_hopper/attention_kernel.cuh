@@ -226,11 +226,20 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
     const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
     const int m_blocks = scheduler.m_blocks();
+#if V5_DEV_PREFETCH_FULL_GRID == 2
+    // Development (run 203): each CTA asks for its own first loads, the key tiles its first burst sends.
+    for (int n = span.end - 1; n >= span.end - first_key_tiles(span); --n) {
+        cute::prefetch(params.tma_k, tKg(_, n));
+        cute::prefetch(params.tma_v, tVg(_, n));
+    }
+    (void)m_blocks;
+#else
     for (int n = span.end - 1; n >= span.begin; --n) {
         if (n % m_blocks != tile.m_block) continue;
         cute::prefetch(params.tma_k, tKg(_, n));
         cute::prefetch(params.tma_v, tVg(_, n));
     }
+#endif
     if (evo_sm90::cluster_rank() == 0) {
         Tensor gQ = query_tile<Traits>(params, tile);
         Tensor sQ = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutQ{});
@@ -246,6 +255,7 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
 template <class Traits>
 __device__ bool prefetches_inputs() {
     if constexpr (kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1) {
+        if (V5_DEV_PREFETCH_FULL_GRID > 0) return true;   // development (run 203): every grid
         constexpr unsigned kFreeSlots = Traits::kMinBlocksPerSm - 1;
         return gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots;
     } else {

@@ -143,3 +143,11 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
+
+// Development macro (off): the D=64 split kernels prefetch their inputs before the PDL wait on every
+// grid, not only where the next call finds a free slot (1: each tile once per call, as on the mission
+// shape; 2: each CTA its own first loads), against run 202's finding that (2,8,512,64)'s CTAs now enter
+// about 0.8 us before their release (NOTES.md, run 203).
+#ifndef V5_DEV_PREFETCH_FULL_GRID
+#define V5_DEV_PREFETCH_FULL_GRID 0
+#endif
