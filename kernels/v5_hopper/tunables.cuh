@@ -151,3 +151,10 @@
 #ifndef V5_DEV_PREFETCH_FULL_GRID
 #define V5_DEV_PREFETCH_FULL_GRID 0
 #endif
+
+// Development macro (off): the split kernels' entry off the constant bank's latency (NOTES.md, run 204):
+// 1 moves the descriptor prefetch from thread 0 to a thread of warp 1; 2 also has every thread read the
+// launch's parameter line at entry and use it past the first barrier.
+#ifndef V5_DEV_EARLY_PARAMS
+#define V5_DEV_EARLY_PARAMS 0
+#endif
