@@ -226,20 +226,11 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
     const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
     const int m_blocks = scheduler.m_blocks();
-#if V5_DEV_PREFETCH_FULL_GRID == 2
-    // Development (run 203): each CTA asks for its own first loads, the key tiles its first burst sends.
-    for (int n = span.end - 1; n >= span.end - first_key_tiles(span); --n) {
-        cute::prefetch(params.tma_k, tKg(_, n));
-        cute::prefetch(params.tma_v, tVg(_, n));
-    }
-    (void)m_blocks;
-#else
     for (int n = span.end - 1; n >= span.begin; --n) {
         if (n % m_blocks != tile.m_block) continue;
         cute::prefetch(params.tma_k, tKg(_, n));
         cute::prefetch(params.tma_v, tVg(_, n));
     }
-#endif
     if (evo_sm90::cluster_rank() == 0) {
         Tensor gQ = query_tile<Traits>(params, tile);
         Tensor sQ = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutQ{});
@@ -255,7 +246,6 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
 template <class Traits>
 __device__ bool prefetches_inputs() {
     if constexpr (kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1) {
-        if (V5_DEV_PREFETCH_FULL_GRID > 0) return true;   // development (run 203): every grid
         constexpr unsigned kFreeSlots = Traits::kMinBlocksPerSm - 1;
         return gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots;
     } else {
@@ -579,10 +569,6 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
         if constexpr (Traits::kTmaEpilogue) prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
     };
-    // Development (run 204): every thread asks for the launch's parameter line at entry, so the loading
-    // threads' first reads of it after the barrier hit the constant cache.
-    [[maybe_unused]] int early_param = 0;
-    if constexpr (Traits::kSplit && V5_DEV_EARLY_PARAMS >= 2) early_param = params.seq_len;
     if (threadIdx.x == 0) {
         // A split CTA's barriers come before anything that reads the launch's constant bank (the
         // descriptors' address, the cluster's size), which its entry used to wait on (NOTES.md, run 199).
@@ -597,7 +583,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         // (c[0x0][0x188] in the SASS); the owner arms its own at the merge.
         if constexpr (Traits::kSplit) ClusterMerge<Traits>::init_unarmed_barriers(shared);
         cutlass::arch::fence_barrier_init();   // one fence for every barrier above
-        if constexpr (Traits::kSplit && V5_DEV_EARLY_PARAMS == 0) prefetch_descriptors();
+        if constexpr (Traits::kSplit) prefetch_descriptors();
 #if V5_HOPPER_TRACE
         trace::clear(shared.trace_row);
 #endif
@@ -608,19 +594,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     // Barriers first, pipeline objects later: built after setmaxnreg, inside each role's branch,
     // nothing but the kernel parameters stays live across the register reallocation (values that
     // did were spilled to local memory around it).
-    // Development (run 204): a thread of warp 1 prefetches the descriptors, so thread 0's barrier set-up
-    // does not wait on the constant-bank load of their address.
-    if constexpr (Traits::kSplit && V5_DEV_EARLY_PARAMS > 0) {
-        if (threadIdx.x == 32) prefetch_descriptors();
-    }
-    // every barrier initialised before anyone arrives on or waits for one
-    if constexpr (Traits::kSplit && V5_DEV_EARLY_PARAMS >= 2) {
-        // The barrier reduces the read, so it is issued before it. A split launch has at least one
-        // query tile: this never returns.
-        if (__syncthreads_or(early_param <= 0)) return;
-    } else {
-        __syncthreads();
-    }
+    __syncthreads();   // every barrier initialised before anyone arrives on or waits for one
     if constexpr (Traits::kSplit) evo_sm90::cluster_arrive_relaxed();
     const unsigned long long synced_ns = V5_HOPPER_TRACE ? trace::global_ns() : 0;
     const unsigned long long synced_cycles = V5_HOPPER_TRACE ? clock64() : 0;

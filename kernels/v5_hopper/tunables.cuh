@@ -143,18 +143,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): the D=64 split kernels prefetch their inputs before the PDL wait on every
-// grid, not only where the next call finds a free slot (1: each tile once per call, as on the mission
-// shape; 2: each CTA its own first loads), against run 202's finding that (2,8,512,64)'s CTAs now enter
-// about 0.8 us before their release (NOTES.md, run 203).
-#ifndef V5_DEV_PREFETCH_FULL_GRID
-#define V5_DEV_PREFETCH_FULL_GRID 0
-#endif
-
-// Development macro (off): the split kernels' entry off the constant bank's latency (NOTES.md, run 204):
-// 1 moves the descriptor prefetch from thread 0 to a thread of warp 1; 2 also has every thread read the
-// launch's parameter line at entry and use it past the first barrier.
-#ifndef V5_DEV_EARLY_PARAMS
-#define V5_DEV_EARLY_PARAMS 0
-#endif
