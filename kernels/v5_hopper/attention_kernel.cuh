@@ -589,14 +589,14 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
 #endif
         if constexpr (kEarlyLoads<Traits>) send_first_loads<Traits, kCausal>(params, shared, probe);
     }
-    const unsigned long long init_ns = V5_HOPPER_TRACE ? trace::global_ns() : 0;
+    const unsigned long long init_ns = V5_HOPPER_TRACE && V5_HOPPER_TRACE != 3 ? trace::global_ns() : 0;
     const unsigned long long init_cycles = V5_HOPPER_TRACE ? clock64() : 0;
     // Barriers first, pipeline objects later: built after setmaxnreg, inside each role's branch,
     // nothing but the kernel parameters stays live across the register reallocation (values that
     // did were spilled to local memory around it).
     __syncthreads();   // every barrier initialised before anyone arrives on or waits for one
     if constexpr (Traits::kSplit) evo_sm90::cluster_arrive_relaxed();
-    const unsigned long long synced_ns = V5_HOPPER_TRACE ? trace::global_ns() : 0;
+    const unsigned long long synced_ns = V5_HOPPER_TRACE && V5_HOPPER_TRACE != 3 ? trace::global_ns() : 0;
     const unsigned long long synced_cycles = V5_HOPPER_TRACE ? clock64() : 0;
     // Programmatic dependent launch: this grid may have started while the previous kernel on the
     // stream was finishing. The loading threads wait for it before their first load (kPdlKernel).

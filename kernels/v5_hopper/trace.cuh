@@ -5,6 +5,10 @@
 // only kEntry and kExit reach the buffer), so its call costs what the handover costs untraced if
 // the per-step stamps and the row's copy are what make a traced call about 1 us longer (NOTES.md,
 // run 199); trace_v5.py --lib reads it like the full trace, the steps left unrecorded.
+// `-DV5_HOPPER_TRACE=3` keeps those two stamps and adds the SM's cycle count alone (no %globaltimer,
+// no clearing of the row at entry) at the points from entry to the first loads and a few after
+// them (`cycles_only`), so a CTA's prologue can be taken apart without the clock reads that make
+// the full trace a microsecond longer (NOTES.md, run 205).
 //
 // Each probe stamps %globaltimer (ns, one clock for the whole card, so CTAs and consecutive calls
 // line up) and clock64 (the SM's cycles, finer, for spans inside one CTA) into the CTA's shared
@@ -88,6 +92,18 @@ __device__ __forceinline__ unsigned long long global_ns() {
     return t;
 }
 
+// The points level 3 stamps (cycles only; kEntry and kExit keep both clocks).
+__host__ __device__ constexpr bool cycles_only(Point p) {
+    return p == kInitDone || p == kSynced || p == kProducerStart || p == kKvScheduled || p == kKAcquired ||
+           p == kPastWait || p == kKvIssued || p == kQIssued || p == kConsumerStart || p == kQReady ||
+           p == kFirstKReady || p == kFirstS || p == kLastPv || p == kMergeReady || p == kMergeLanded ||
+           p == kMerged || p == kStoreIssued;
+}
+// Whether a build of this level records the point at all.
+__host__ __device__ constexpr bool recorded(Point p) {
+    return V5_HOPPER_TRACE == 1 || p == kEntry || p == kExit || (V5_HOPPER_TRACE == 3 && cycles_only(p));
+}
+
 // One recording thread's handle on its CTA's row (null: this build or thread records nothing).
 struct Probe {
     Row* row = nullptr;
@@ -101,14 +117,20 @@ struct Probe {
     }
     __device__ void mark(Point p) const {
         if (!V5_HOPPER_TRACE || row == nullptr) return;   // before the reads: they are volatile
-        if (V5_HOPPER_TRACE == 2 && p != kExit) return;
+        if (!recorded(p)) return;
+        if (V5_HOPPER_TRACE == 3 && p != kExit) {
+            row->cycles[p] = clock64();
+            return;
+        }
         mark_at(p, global_ns(), clock64());
     }
 };
 
 // Thread 0 at entry, before the CTA's first barrier: a row of zeros (unrecorded points read 0).
 __device__ __forceinline__ void clear(Row& row) {
-    for (int i = 0; i < kSlots; ++i) row.ns[i] = row.cycles[i] = 0;
+    if constexpr (V5_HOPPER_TRACE != 3) {   // level 3: finish copies only what it records
+        for (int i = 0; i < kSlots; ++i) row.ns[i] = row.cycles[i] = 0;
+    }
 }
 
 // One thread per CTA at its end: the row goes to the call's place (`call`, from the launch). The
@@ -121,8 +143,8 @@ __device__ __forceinline__ void finish(Buffer* b, int call, Row const& row, int 
     if (cta == 0) b->grid[call] = ctas;
     if (cta < kCtas) {
         for (int i = 0; i < kPoints; ++i) {
-            if (V5_HOPPER_TRACE == 2 && i != kEntry && i != kExit) continue;
-            b->global_ns[call][cta][i] = row.ns[i];
+            if (!recorded(Point(i))) continue;
+            b->global_ns[call][cta][i] = V5_HOPPER_TRACE == 3 && i != kEntry && i != kExit ? 0 : row.ns[i];
             b->cycles[call][cta][i] = row.cycles[i];
         }
         unsigned sm;
