@@ -7,8 +7,9 @@
 // run 199); trace_v5.py --lib reads it like the full trace, the steps left unrecorded.
 // `-DV5_HOPPER_TRACE=3` keeps those two stamps and adds the SM's cycle count alone (no %globaltimer,
 // no clearing of the row at entry) at the points from entry to the first loads and a few after
-// them (`cycles_only`), so a CTA's prologue can be taken apart without the clock reads that make
-// the full trace a microsecond longer (NOTES.md, run 205).
+// them (`cycles_only`): spans inside a CTA in cycles. Its call is not the untraced one: on the H100
+// it made (2,8,512,64) 1.7 us longer, its CTAs released a microsecond later than the full trace's,
+// for a reason not found (NOTES.md, run 205), so read its cycles, not its handover.
 //
 // Each probe stamps %globaltimer (ns, one clock for the whole card, so CTAs and consecutive calls
 // line up) and clock64 (the SM's cycles, finer, for spans inside one CTA) into the CTA's shared
