@@ -145,13 +145,6 @@ __device__ __forceinline__ int first_key_tiles(evo_sm90::KeyShare const& span) {
 // on every split shape (NOTES.md, run 181).
 template <class Traits>
 constexpr bool kEarlyLoads = Traits::kSplit && Traits::kHeadDim == 128;
-// Development (run 206): in the D=64 split kernels a producer warp-0 thread sends them after the CTA's
-// first barrier but before the producer group's register release (setmaxnreg), which run 205's
-// cycles put at about 600 cycles of the prologue.
-template <class Traits>
-constexpr bool kLoadsBeforeRelease = Traits::kSplit && Traits::kHeadDim == 64 && V5_DEV_LOADS_BEFORE_RELEASE > 0;
-template <class Traits>
-constexpr bool kFirstLoadsSent = kEarlyLoads<Traits> || kLoadsBeforeRelease<Traits>;
 
 // The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings. With
 // Traits::kSeparateV it fills the K ring alone and a thread of warp 2 the V ring, so a K load never
@@ -166,7 +159,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
     const TileScheduler<Traits, kCausal> scheduler{params};
     auto write = cutlass::make_producer_start_state<typename Traits::Pipeline>();
     // With kEarlyLoads the first loads went out before this thread got here (send_first_loads).
-    constexpr bool kFirstSent = kFirstLoadsSent<Traits>;
+    constexpr bool kFirstSent = kEarlyLoads<Traits>;
     bool first_load = !kFirstSent;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t)) {
         const TileCoord tile = scheduler.coord(t);
@@ -614,10 +607,6 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
     }
 
     if (warp_group == 0) {
-        if constexpr (kLoadsBeforeRelease<Traits>) {
-            if (threadIdx.x < 32 && cute::elect_one_sync()) send_first_loads<Traits, kCausal>(params, shared, probe);
-            __syncwarp();
-        }
         if constexpr (!kKeepLaunchRegisters) cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
         const int warp_in_group = __shfl_sync(0xffffffff, (threadIdx.x / 32) % 4, 0);
         if (warp_in_group == 0 && cute::elect_one_sync()) {
@@ -627,9 +616,9 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                 Shape<_1, _1, _1>{}, cute::false_type{});
             produce_kv<Traits, kCausal, Traits::kSeparateV ? Rings::kK : Rings::kBoth>(params, shared, pipeline_k,
                                                                                         pipeline_v, probe);
-        } else if (!kFirstLoadsSent<Traits> && warp_in_group == 1 && cute::elect_one_sync()) {
+        } else if (!kEarlyLoads<Traits> && warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
-        } else if (!kFirstLoadsSent<Traits> && kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1 && warp_in_group == 3 &&
+        } else if (!kEarlyLoads<Traits> && kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1 && warp_in_group == 3 &&
                    cute::elect_one_sync()) {
             if (prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
         } else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {

@@ -143,9 +143,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): the D=64 split kernels' first loads sent before the producer group's
-// register release (NOTES.md, run 206).
-#ifndef V5_DEV_LOADS_BEFORE_RELEASE
-#define V5_DEV_LOADS_BEFORE_RELEASE 0
-#endif
