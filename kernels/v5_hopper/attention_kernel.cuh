@@ -180,7 +180,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
             // later (0.64 us, NOTES.md, run 38); sent as stages came free, the V refills landed
             // just as the steps needed them (runs 125-126).
             if constexpr (Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
-                if (n == span.end - 1 - V5_DEV_FIRST_BURST_TILES) {
+                if (n == span.end - 1 - kFirstKeyTiles) {
                     const auto first_stage = cutlass::make_producer_start_state<typename Traits::Pipeline>();
                     cutlass::arch::ClusterTransactionBarrier::wait(pipeline_k.producer_get_barrier(first_stage), 0);
                 }

@@ -143,9 +143,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (2, the default's value): key tiles a D=64 split CTA's first burst sends with Q
-// before it waits for the first K to land (NOTES.md, run 207).
-#ifndef V5_DEV_FIRST_BURST_TILES
-#define V5_DEV_FIRST_BURST_TILES 2
-#endif
