@@ -65,7 +65,8 @@ def main() -> None:
     parser.add_argument("--shape", required=True, type=shape_arg, help="B,H,S,D")
     parser.add_argument("--dtype", default="fp16", choices=["fp16", "bf16"])
     parser.add_argument("--causal", action="store_true")
-    parser.add_argument("--lib", type=Path, help="a library built with -DV5_HOPPER_TRACE=1")
+    parser.add_argument("--lib", type=Path, help="a library built with -DV5_HOPPER_TRACE=1 (or the lighter "
+                                                  "levels 2 and 3, kernels/v5_hopper/trace.cuh)")
     parser.add_argument("--untraced", type=Path,
                         help="the same build without the probes: its graph is timed beside the traced one")
     parser.add_argument("--set", action="append", default=[], metavar="TUNABLE=VALUE")

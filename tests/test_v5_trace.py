@@ -67,6 +67,27 @@ def test_synthetic_trace_gives_its_period_and_steps():
     assert "period (last exit to last exit)" in timeline.render(summary)
 
 
+def test_a_cycles_only_trace_gives_steps_in_cycles_and_no_release():
+    # Levels 2 and 3 (trace.cuh) stamp %globaltimer at entry and exit alone; level 3 adds cycles.
+    grid, period, step = 40, 5_000, 100
+    raw = np.frombuffer(synthetic(10, grid, period, step), dtype=np.uint64).copy()
+    table = raw[2 + timeline.CALLS:].reshape(2, timeline.CALLS, timeline.CTAS, timeline.SLOTS)
+    timed = [timeline.POINTS.index("entry"), timeline.POINTS.index("exit")]
+    keep = np.zeros(timeline.SLOTS, dtype=bool)
+    keep[timed] = True
+    keep[len(timeline.POINTS):] = True   # the SM slot
+    table[0, :, :, ~keep] = 0
+    summary = timeline.summarize(timeline.parse(raw.tobytes()), 8)
+    median = summary["median"]
+    assert median["period_ns"] == period
+    assert median["previous_exit_to_first_past_wait_ns"] is None
+    first_s = median["steps"]["first_k_ready->first_s"]
+    assert first_s["median_ns"] is None and first_s["median_cycles"] == 2 * step
+    text = timeline.render(summary)
+    assert "first past PDL wait       - us" in text
+    assert re.search(r"first_k_ready->first_s\s+-\s+-\s+200", text)
+
+
 def test_rows_wrap_around_the_ring():
     raw = bytearray(synthetic(timeline.CALLS, 4, 1_000, 10))
     raw[:8] = np.uint64(timeline.CALLS + 3).tobytes()

@@ -112,7 +112,10 @@ def summarize_call(trace: dict, row: int, previous_row: int | None) -> dict:
                "sms": len({int(v) & 0xFFFFFFFF for v in ns[:, len(POINTS)]})}
     if previous_row is not None:
         previous_exit = _column(trace["ns"][previous_row, :min(int(trace["grid"][previous_row]), CTAS)], "exit").max()
-        summary["previous_exit_to_first_past_wait_ns"] = int(_column(ns, "past_wait").min() - previous_exit)
+        past_wait = _column(ns, "past_wait")
+        # Levels 2 and 3 of the trace (trace.cuh) take no %globaltimer stamp past the wait.
+        summary["previous_exit_to_first_past_wait_ns"] = (
+            int(past_wait[past_wait > 0].min() - previous_exit) if (past_wait > 0).any() else None)
         summary["previous_exit_to_first_entry_ns"] = int(entry.min() - previous_exit)
         summary["period_ns"] = int(exit_.max() - previous_exit)
         summary.update(handover(trace, row, previous_row))
@@ -122,15 +125,20 @@ def summarize_call(trace: dict, row: int, previous_row: int | None) -> dict:
     steps = {}
     by_rank = {str(int(rank)): {} for rank in np.unique(ranks)} if ranks.max() > 0 else {}
     for start, end in STEPS:
-        recorded = (_column(ns, start) > 0) & (_column(ns, end) > 0)
+        # A point is stamped where either clock is: level 3 takes the cycles alone.
+        recorded = ((_column(ns, start) > 0) | (_column(cycles, start) > 0)) & \
+                   ((_column(ns, end) > 0) | (_column(cycles, end) > 0))
         if not recorded.any():
             continue
         name = f"{start}->{end}"
         all_cyc = _column(cycles, end) - _column(cycles, start)
-        d_ns = (_column(ns, end) - _column(ns, start))[recorded]
+        timed = recorded & (_column(ns, start) > 0) & (_column(ns, end) > 0)
+        d_ns = (_column(ns, end) - _column(ns, start))[timed]
         d_cyc = all_cyc[recorded]
-        steps[name] = {"ctas": int(recorded.sum()), "median_ns": float(np.median(d_ns)),
-                       "min_ns": int(d_ns.min()), "max_ns": int(d_ns.max()),
+        steps[name] = {"ctas": int(recorded.sum()),
+                       "median_ns": float(np.median(d_ns)) if d_ns.size else None,
+                       "min_ns": int(d_ns.min()) if d_ns.size else None,
+                       "max_ns": int(d_ns.max()) if d_ns.size else None,
                        "median_cycles": float(np.median(d_cyc)), "min_cycles": int(d_cyc.min()),
                        "max_cycles": int(d_cyc.max())}
         for rank, rank_steps in by_rank.items():
@@ -143,20 +151,28 @@ def summarize_call(trace: dict, row: int, previous_row: int | None) -> dict:
     return summary
 
 
+def _median_of_known(values) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _us(ns: float | None) -> str:
+    return "      -" if ns is None else f"{ns / 1000:7.2f}"
+
+
 def summarize(trace: dict, count: int) -> dict:
     """The last `count` calls (each against the call before it), and the medians over them."""
     rows = recent_calls(trace, count + 1)
     calls = [summarize_call(trace, row, previous) for previous, row in zip(rows, rows[1:])]
     if not calls:
         raise ValueError("the trace holds fewer than two completed calls")
-    keys = ("span_ns", "period_ns", "previous_exit_to_first_past_wait_ns", "previous_exit_to_first_entry_ns",
-            "entry_spread_ns")
+    keys = ("span_ns", "period_ns", "previous_exit_to_first_entry_ns", "entry_spread_ns")
     medians = {key: statistics.median(call[key] for call in calls) for key in keys}
-    for key in ("early_entries", "entries_beside_running", "entry_lag_after_sm_exit_ns"):
-        values = [call[key] for call in calls if call[key] is not None]
-        medians[key] = statistics.median(values) if values else None
-    medians["steps"] = {step: {"median_ns": statistics.median(c["steps"][step]["median_ns"] for c in calls),
-                               "max_ns": statistics.median(c["steps"][step]["max_ns"] for c in calls),
+    for key in ("previous_exit_to_first_past_wait_ns", "early_entries", "entries_beside_running",
+                "entry_lag_after_sm_exit_ns"):
+        medians[key] = _median_of_known(call[key] for call in calls)
+    medians["steps"] = {step: {"median_ns": _median_of_known(c["steps"][step]["median_ns"] for c in calls),
+                               "max_ns": _median_of_known(c["steps"][step]["max_ns"] for c in calls),
                                "median_cycles": statistics.median(c["steps"][step]["median_cycles"] for c in calls)}
                         for step in calls[-1]["steps"] if all(step in c["steps"] for c in calls)}
     if all("median_cycles_by_rank" in c for c in calls):
@@ -174,7 +190,7 @@ def render(summary: dict) -> str:
              f"  period (last exit to last exit)     {m['period_ns'] / 1000:7.2f} us",
              f"  span (first entry to last exit)     {m['span_ns'] / 1000:7.2f} us",
              f"  previous last exit -> first entry   {m['previous_exit_to_first_entry_ns'] / 1000:7.2f} us",
-             f"  previous last exit -> first past PDL wait {m['previous_exit_to_first_past_wait_ns'] / 1000:7.2f} us",
+             f"  previous last exit -> first past PDL wait {_us(m['previous_exit_to_first_past_wait_ns'])} us",
              f"  entry spread                        {m['entry_spread_ns'] / 1000:7.2f} us",
              f"  CTAs entering > {EARLY_ENTRY_NS} ns before the previous last exit {m['early_entries']:g}; "
              f"entering beside a previous CTA still running {m['entries_beside_running']:g}",
@@ -182,7 +198,8 @@ def render(summary: dict) -> str:
                  "-" if m["entry_lag_after_sm_exit_ns"] is None else f"{m['entry_lag_after_sm_exit_ns'] / 1000:.2f} us"),
              "  step (consumer thread 0, the K/V thread, the Q thread)   median ns   max ns   median cycles"]
     for step, s in m["steps"].items():
-        lines.append(f"  {step:38s} {s['median_ns']:9.0f} {s['max_ns']:8.0f} {s['median_cycles']:12.0f}")
+        ns_cols = ("        -        -" if s["median_ns"] is None else f"{s['median_ns']:9.0f} {s['max_ns']:8.0f}")
+        lines.append(f"  {step:38s} {ns_cols} {s['median_cycles']:12.0f}")
     by_rank = m.get("median_cycles_by_rank", {})
     if by_rank:
         lines.append("  median cycles by cluster rank: " + "   ".join(f"rank {rank}" for rank in by_rank))
