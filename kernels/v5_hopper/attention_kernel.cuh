@@ -246,7 +246,6 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
 template <class Traits>
 __device__ bool prefetches_inputs() {
     if constexpr (kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1) {
-        if (V5_DEV_PREFETCH_EARLY >= 2) return true;   // development (run 208): every grid
         constexpr unsigned kFreeSlots = Traits::kMinBlocksPerSm - 1;
         return gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots;
     } else {
@@ -619,7 +618,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                                                                         pipeline_v, probe);
         } else if (!kEarlyLoads<Traits> && warp_in_group == 1 && cute::elect_one_sync()) {
             produce_q<Traits, kCausal>(params, shared, probe);
-        } else if (V5_DEV_PREFETCH_EARLY == 0 && !kEarlyLoads<Traits> && kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1 && warp_in_group == 3 &&
+        } else if (!kEarlyLoads<Traits> && kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1 && warp_in_group == 3 &&
                    cute::elect_one_sync()) {
             if (prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
         } else if (Traits::kSeparateV && warp_in_group == 2 && cute::elect_one_sync()) {
@@ -630,15 +629,6 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
             produce_kv<Traits, kCausal, Rings::kV>(params, shared, pipeline_k, pipeline_v, trace::Probe{});
         }
     } else {
-        // Development (run 208): the last consumer warp asks L2 for the inputs right past the barrier,
-        // before its group's register allocation, about 600 cycles sooner than producer warp 3 can.
-        if constexpr (V5_DEV_PREFETCH_EARLY > 0 && !kEarlyLoads<Traits> && kPdlKernel<Traits> &&
-                      Traits::kMinBlocksPerSm > 1) {
-            if (threadIdx.x / 32 == Traits::kThreads / 32 - 1) {
-                if (cute::elect_one_sync() && prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
-                __syncwarp();
-            }
-        }
         if constexpr (!kKeepLaunchRegisters) cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
         Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(false, false, Traits::kTmaBytesK),
                             Shape<_1, _1, _1>{}, cute::false_type{});

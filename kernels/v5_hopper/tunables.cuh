@@ -143,9 +143,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): the D=64 split kernels' prefetch issued by the last consumer warp right
-// past the CTA's barrier (1), and on every grid (2) (NOTES.md, run 208).
-#ifndef V5_DEV_PREFETCH_EARLY
-#define V5_DEV_PREFETCH_EARLY 0
-#endif
