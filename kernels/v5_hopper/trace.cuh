@@ -6,7 +6,7 @@
 // the per-step stamps and the row's copy are what make a traced call about 1 us longer (NOTES.md,
 // run 199); trace_v5.py --lib reads it like the full trace, the steps left unrecorded.
 // `-DV5_HOPPER_TRACE=3` keeps those two stamps and adds the SM's cycle count alone (no %globaltimer,
-// no clearing of the row at entry) at the points from entry to the first loads and a few after
+// and at entry only its own points' cycles cleared) at the points from entry to the first loads and a few after
 // them (`cycles_only`): spans inside a CTA in cycles. Its call is not the untraced one: on the H100
 // it made (2,8,512,64) 1.7 us longer, its CTAs released a microsecond later than the full trace's,
 // for a reason not found (NOTES.md, run 205), so read its cycles, not its handover.
@@ -118,18 +118,27 @@ struct Probe {
     }
     __device__ void mark(Point p) const {
         if (!V5_HOPPER_TRACE || row == nullptr) return;   // before the reads: they are volatile
-        if (!recorded(p)) return;
-        if (V5_HOPPER_TRACE == 3 && p != kExit) {
-            row->cycles[p] = clock64();
-            return;
+        if (V5_HOPPER_TRACE == 2 && p != kExit) return;
+        if constexpr (V5_HOPPER_TRACE == 3) {
+            if (!recorded(p)) return;
+            if (p != kExit) {
+                row->cycles[p] = clock64();
+                return;
+            }
         }
         mark_at(p, global_ns(), clock64());
     }
 };
 
 // Thread 0 at entry, before the CTA's first barrier: a row of zeros (unrecorded points read 0).
+// Level 3 zeroes only the cycles of its own points (a point a rank never reaches, such as a pusher's
+// store, must read 0, not what the shared memory held); run 205 measured it without this.
 __device__ __forceinline__ void clear(Row& row) {
-    if constexpr (V5_HOPPER_TRACE != 3) {   // level 3: finish copies only what it records
+    if constexpr (V5_HOPPER_TRACE == 3) {
+        for (int i = 0; i < kPoints; ++i) {
+            if (recorded(Point(i))) row.cycles[i] = 0;
+        }
+    } else {
         for (int i = 0; i < kSlots; ++i) row.ns[i] = row.cycles[i] = 0;
     }
 }
@@ -144,8 +153,13 @@ __device__ __forceinline__ void finish(Buffer* b, int call, Row const& row, int 
     if (cta == 0) b->grid[call] = ctas;
     if (cta < kCtas) {
         for (int i = 0; i < kPoints; ++i) {
-            if (!recorded(Point(i))) continue;
-            b->global_ns[call][cta][i] = V5_HOPPER_TRACE == 3 && i != kEntry && i != kExit ? 0 : row.ns[i];
+            if (V5_HOPPER_TRACE == 2 && i != kEntry && i != kExit) continue;
+            if constexpr (V5_HOPPER_TRACE == 3) {
+                if (!recorded(Point(i))) continue;
+                b->global_ns[call][cta][i] = i == kEntry || i == kExit ? row.ns[i] : 0;
+            } else {
+                b->global_ns[call][cta][i] = row.ns[i];
+            }
             b->cycles[call][cta][i] = row.cycles[i];
         }
         unsigned sm;
