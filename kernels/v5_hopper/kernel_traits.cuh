@@ -202,13 +202,8 @@ struct KernelTraits {
     // at D=64 (four, split_stages_d64: 87 KB) and 106 KB at D=128, with two 128-key stages 86 KB at
     // D=64 and 171 KB at D=128 (split_block_n_d128: one to an SM); one CTA of more warp groups.
     static constexpr int kSmemCtasPerSm = 228 * 1024 / (kSmemBytes + 1024);
-    // Development (V5_DEV_SPLIT_M128_TWO_PER_SM): 128-row split CTAs two to an SM where their shared
-    // memory fits, so a grid of one CTA an SM leaves a slot for the next call (NOTES.md, after run 208).
-    static constexpr bool kTwoWideSplitPair =
-        V5_DEV_SPLIT_M128_TWO_PER_SM && kSplit && kConsumerWarpGroups == 2 && kSmemCtasPerSm >= 2;
     static constexpr int kMinBlocksPerSm =
-        kTwoWideSplitPair ? 2
-        : kConsumerWarpGroups > 1 ? 1 : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;
+        kConsumerWarpGroups > 1 ? 1 : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;
     // setmaxnreg budgets: the producer only issues copies; the consumers hold S, P and O. The
     // warp groups can only trade the registers the CTA was launched with (65536 / threads / CTAs
     // per SM, in steps of 8): 168 x 384 = 64512 for two consumer groups, 128 x 512 = 65536 for
@@ -217,10 +212,9 @@ struct KernelTraits {
     static constexpr int kLaunchRegisters = (65536 / (kThreads * kMinBlocksPerSm)) / 8 * 8;
     // The producer at 24 registers spills; at 32 it does not since Q has a thread of its own (run 18),
     // which lets three consumer groups have 160 (at 152 the 192-row D=64 kernels spilled 48 bytes).
-    static constexpr int kProducerRegisters = kConsumerWarpGroups == 2 && !kTwoWideSplitPair ? 40 : 32;
+    static constexpr int kProducerRegisters = kConsumerWarpGroups == 2 ? 40 : 32;
     static constexpr int kConsumerRegisters =
-        kTwoWideSplitPair ? (3 * kLaunchRegisters - kProducerRegisters) / 2 / 8 * 8
-        : kConsumerWarpGroups == 2 ? 232
+        kConsumerWarpGroups == 2 ? 232
         : kConsumerWarpGroups == 3 ? 160
         : (2 * kLaunchRegisters - kProducerRegisters < 240 ? 2 * kLaunchRegisters - kProducerRegisters : 240);
     static_assert(kProducerRegisters + kConsumerWarpGroups * kConsumerRegisters <=

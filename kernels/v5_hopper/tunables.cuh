@@ -143,8 +143,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): 128-row split CTAs two to an SM (NOTES.md, after run 208).
-#ifndef V5_DEV_SPLIT_M128_TWO_PER_SM
-#define V5_DEV_SPLIT_M128_TWO_PER_SM 0
-#endif
