@@ -47,6 +47,7 @@ from evo_sdpa.device import NO_DEVICE_REASON, cuda_available  # noqa: E402
 from evo_sdpa.errors import StageError  # noqa: E402
 from evo_sdpa.parity import build_matrix, run_case  # noqa: E402
 from evo_sdpa.runners import load_forward, sdpa_call  # noqa: E402
+from evo_sdpa.timing import MAX_GRAPH_CALLS  # noqa: E402
 from evo_sdpa.tolerance import ToleranceRule  # noqa: E402
 from evo_sdpa.tunables import changed, parse_assignments, resolve, split_define_flags  # noqa: E402
 from evo_sdpa.variants import KERNELS_DIR, Variant, load_variant, with_flags  # noqa: E402
@@ -251,8 +252,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.graph_sets is not None and args.graph_sets < 1:
         parser.error(f"--graph-sets {args.graph_sets}: give at least 1 input set")
-    if args.graph_calls is not None and not 1 <= args.graph_calls <= 1024:
-        parser.error(f"--graph-calls {args.graph_calls}: give 1 to 1024 calls (the config schema's bounds)")
+    if args.graph_calls is not None and not 1 <= args.graph_calls <= MAX_GRAPH_CALLS:
+        parser.error(f"--graph-calls {args.graph_calls}: give 1 to {MAX_GRAPH_CALLS} calls (the config schema's bounds)")
     variant = load_variant(KERNELS_DIR / args.variant)
     others = compared_variants(variant, args.compare)
     if args.artifact and variant.kind != "cuda":

@@ -8,11 +8,13 @@ import time
 import types
 
 import pytest
+import yaml
 
 from evo_sdpa import streamgate, timing
 from evo_sdpa.bench import host_flag
 from evo_sdpa.errors import StageError
 from evo_sdpa.stats import StopRule
+from evo_sdpa.variants import REPO
 
 
 class FakeEvent:
@@ -302,6 +304,8 @@ def test_a_graph_grows_to_read_enough_sets_to_outgrow_twice_the_l2(monkeypatch):
     assert timing.graph_plan(2 * mib, 128) == (50, 128)     # the config's floor is longer
     assert timing.graph_plan(8 * mib, 32) == (13, 32)       # (4,8,512,64): 104 MiB
     assert timing.graph_plan(1024, 32) == (timing.MAX_GRAPH_CALLS,) * 2   # the schema's bound caps both
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    assert schema["properties"]["timing"]["properties"]["graph_calls"]["maximum"] == timing.MAX_GRAPH_CALLS
     assert timing.graph_plan(2 * mib, 32, graph_sets=1) == (1, 32)        # a diagnosis keeps its sets
     for set_bytes in (1024, mib, 2 * mib, 3 * mib, 8 * mib, 64 * mib):
         n_sets, calls = timing.graph_plan(set_bytes, 32)

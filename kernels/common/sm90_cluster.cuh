@@ -60,12 +60,6 @@ __device__ __forceinline__ unsigned sm_id_count() {
     return n;
 }
 
-__device__ __forceinline__ int cluster_size() {
-    uint32_t size;
-    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(size));
-    return static_cast<int>(size);
-}
-
 // The shared::cluster address of `local_smem` (a shared::cta address) in CTA `rank`.
 __device__ __forceinline__ uint32_t map_to_rank(uint32_t local_smem, int rank) {
     uint32_t remote;
