@@ -291,6 +291,28 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
     probe.mark(trace::kKvIssued);
 }
 
+// A split CTA without a producer (Traits::kNoProducer): thread 0, once the first K has landed, sends
+// the rest of its share into the stages after the first burst's. The host runs that kernel only
+// where a share fits the stages, so every stage is filled once and none is waited for.
+template <class Traits, bool kCausal>
+__device__ void send_rest_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared) {
+    static_assert(Traits::kNoProducer, "the producer's ring sends the rest elsewhere");
+    const TileScheduler<Traits, kCausal> scheduler{params};
+    const TileCoord tile = scheduler.coord(scheduler.first());
+    auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
+    const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
+    const evo_sm90::KeyShare span = scheduler.key_span(keys);
+    if (span.end - span.begin > Traits::kStages) __trap();   // the host's rule broken: fail, never hang
+    for (int i = first_key_tiles(span); i < span.end - span.begin; ++i) {
+        auto& full_k = shared.pipeline_k.full_barrier_[i];
+        auto& full_v = shared.pipeline_v.full_barrier_[i];
+        full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
+        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k)), tKg(_, span.end - 1 - i), tKs(_, i));
+        full_v.arrive_and_expect_tx(Traits::kTmaBytesV);
+        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
+    }
+}
+
 // A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
 // a cluster of one, sends every release to block 0 of the cluster: in a split cluster that is
 // another CTA's ring, and this CTA's producer would wait for its stages forever (a hang on the
@@ -345,12 +367,13 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     // One optimistic vote for both of a thread's rows (OnlineSoftmax::update_optimistic) in the split
     // kernels of one consumer warp group, where nothing else fills MUFU between the rows (the unsplit
     // kernels measured 1.4-2% slower with it, and 128-key tiles spill).
-    constexpr bool kOneVote = Traits::kSplit && Traits::kConsumerWarpGroups == 1;
+    constexpr bool kOneVote = Traits::kSplit && (Traits::kConsumerWarpGroups == 1 || Traits::kNoProducer);
     // Ping-pong per mask kind: on the long non-causal D=128 shape the two groups issuing freely
     // measured 5% faster, on the causal ones 1-3% slower (NOTES.md, run 10).
     // One group (a 64-row split CTA) has no one to take turns with.
     // A free-issue kernel's groups never take turns (free_issue_d128_min_keys).
-    constexpr bool kPingpong = Traits::kConsumerWarpGroups > 1 && !Traits::kFreeIssue &&
+    // A split CTA without a producer runs its groups as two 64-row split CTAs would, sharing K and V.
+    constexpr bool kPingpong = Traits::kConsumerWarpGroups > 1 && !Traits::kFreeIssue && !Traits::kNoProducer &&
                                (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
     const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{consumer_thread / cutlass::NumThreadsPerWarpGroup};
 
@@ -374,6 +397,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
+        if constexpr (Traits::kNoProducer) {
+            if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared);
+        }
         turn.wait();
         warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
         turn.pass();
@@ -385,7 +411,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // In the split kernels each tile's P waits in its own fragment until the next pass, which
         // converts it, with O's rescale vote, under its Q K^T (FA3's order within a warp group):
         // the pass's end then has only the P V wait (NOTES.md, runs 162-163).
-        constexpr bool kConvertUnderQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong;
+        constexpr bool kConvertUnderQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong && !(V5_DEV_WIDE_VARIANT == 1 && Traits::kNoProducer);
         if constexpr (kConvertUnderQk) {
             softmax.first_update_into(s_rc, p_rc, o_scale);
         } else {
@@ -606,7 +632,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         probe.mark_at(trace::kSynced, synced_ns, synced_cycles);
     }
 
-    if (warp_group == 0) {
+    if (!Traits::kNoProducer && warp_group == 0) {
         if constexpr (!kKeepLaunchRegisters) cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegisters>();
         const int warp_in_group = __shfl_sync(0xffffffff, (threadIdx.x / 32) % 4, 0);
         if (warp_in_group == 0 && cute::elect_one_sync()) {
@@ -629,12 +655,16 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
             produce_kv<Traits, kCausal, Rings::kV>(params, shared, pipeline_k, pipeline_v, trace::Probe{});
         }
     } else {
-        if constexpr (!kKeepLaunchRegisters) cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+        if constexpr (Traits::kNoProducer) {
+            if (threadIdx.x == 0) send_first_loads<Traits, kCausal>(params, shared, probe);
+        } else if constexpr (!kKeepLaunchRegisters) {
+            cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+        }
         Pipeline pipeline_k(shared.pipeline_k, pipeline_params<Traits>(false, false, Traits::kTmaBytesK),
                             Shape<_1, _1, _1>{}, cute::false_type{});
         Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(false, false, Traits::kTmaBytesV),
                             Shape<_1, _1, _1>{}, cute::false_type{});
-        const int consumer_thread = int(threadIdx.x) - cutlass::NumThreadsPerWarpGroup;
+        const int consumer_thread = int(threadIdx.x) - (Traits::kNoProducer ? 0 : cutlass::NumThreadsPerWarpGroup);
         consume<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, consumer_thread,
                                  consumer_thread == 0 ? probe : trace::Probe{});
 #if V5_HOPPER_TRACE

@@ -22,8 +22,10 @@ using namespace cute;
 // query tile's key tiles and merge their states; one query tile per CTA, so one Q buffer.
 // kFreeIssue_: the consumer warp groups issue without taking turns, and each one's softmax runs
 // under its own P V (free_issue_d128_min_keys: the long D=128 non-causal shapes).
+// kNoProducer_ (development, V5_DEV_WIDE_SPLIT): a split CTA of consumer warp groups alone, whose
+// whole key share fits its stages; thread 0 sends every load, and no warp group trades registers.
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kSplit_ = false,
-          bool kFreeIssue_ = false>
+          bool kFreeIssue_ = false, bool kNoProducer_ = false>
 struct KernelTraits {
     using Element = Element_;
     using ElementAccum = float;
@@ -34,6 +36,8 @@ struct KernelTraits {
     static constexpr int kStages = kStages_;
     static constexpr bool kSplit = kSplit_;
     static constexpr bool kFreeIssue = kFreeIssue_;
+    static constexpr bool kNoProducer = kNoProducer_;
+    static_assert(!kNoProducer || kSplit, "only a split CTA runs without a producer warp group");
     static_assert(!(kSplit && kFreeIssue), "a split CTA has one consumer warp group: nothing to take turns with");
     // kv_producers 2: the K ring and the V ring each have a loading thread of their own (not in the
     // split kernels, whose start-of-call burst is tuned as one thread issues it: NOTES.md, run 44).
@@ -41,7 +45,7 @@ struct KernelTraits {
     static constexpr bool kSeparateV = V5_HOPPER_KV_PRODUCERS == 2 && !kSplit;
     static constexpr int kConsumerWarpGroups = kBlockM / 64;
     static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
-    static constexpr int kThreads = kConsumerThreads + cutlass::NumThreadsPerWarpGroup;  // + the producer
+    static constexpr int kThreads = kConsumerThreads + (kNoProducer ? 0 : cutlass::NumThreadsPerWarpGroup);  // + the producer
     static_assert(kConsumerWarpGroups >= 1 && kConsumerWarpGroups <= 3 && kBlockM % 64 == 0,
                   "64, 128 or 192 query rows per CTA");
     static_assert(kConsumerWarpGroups > 1 || kSplit, "64-row tiles only for the split kernels (split_block_m)");
@@ -81,7 +85,7 @@ struct KernelTraits {
     static_assert(V5_HOPPER_LAZY_RESCALE >= 0 && V5_HOPPER_LAZY_RESCALE <= 4, "lazy_rescale: 0 to 4");
     static constexpr bool kLazyRescale = V5_HOPPER_LAZY_RESCALE == 1 || V5_HOPPER_LAZY_RESCALE == 4 ||
                                          (V5_HOPPER_LAZY_RESCALE >= 2 && kFreeIssue);
-    static constexpr bool kOptimisticMax = V5_HOPPER_LAZY_RESCALE == 4 || (V5_HOPPER_LAZY_RESCALE == 3 && kFreeIssue);
+    static constexpr bool kOptimisticMax = !(V5_DEV_WIDE_VARIANT == 2 && kNoProducer) && (V5_HOPPER_LAZY_RESCALE == 4 || (V5_HOPPER_LAZY_RESCALE == 3 && kFreeIssue));
     // 128-byte swizzled tiles: the layout wgmma descriptors and TMA boxes both accept, and the
     // one that keeps wgmma's shared-memory reads free of bank conflicts.
     template <int kBuffers>
@@ -203,7 +207,8 @@ struct KernelTraits {
     // D=64 and 171 KB at D=128 (split_block_n_d128: one to an SM); one CTA of more warp groups.
     static constexpr int kSmemCtasPerSm = 228 * 1024 / (kSmemBytes + 1024);
     static constexpr int kMinBlocksPerSm =
-        kConsumerWarpGroups > 1 ? 1 : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;
+        kNoProducer ? (kSmemCtasPerSm < 2 ? kSmemCtasPerSm : 2)
+        : kConsumerWarpGroups > 1 ? 1 : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;
     // setmaxnreg budgets: the producer only issues copies; the consumers hold S, P and O. The
     // warp groups can only trade the registers the CTA was launched with (65536 / threads / CTAs
     // per SM, in steps of 8): 168 x 384 = 64512 for two consumer groups, 128 x 512 = 65536 for
@@ -217,7 +222,7 @@ struct KernelTraits {
         kConsumerWarpGroups == 2 ? 232
         : kConsumerWarpGroups == 3 ? 160
         : (2 * kLaunchRegisters - kProducerRegisters < 240 ? 2 * kLaunchRegisters - kProducerRegisters : 240);
-    static_assert(kProducerRegisters + kConsumerWarpGroups * kConsumerRegisters <=
+    static_assert(kNoProducer || kProducerRegisters + kConsumerWarpGroups * kConsumerRegisters <=
                       (kConsumerWarpGroups + 1) * kLaunchRegisters,
                   "setmaxnreg budgets exceed the registers the CTA is launched with");
 

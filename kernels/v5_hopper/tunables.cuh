@@ -143,3 +143,13 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
+
+// Development macro (off): D=64 split clusters of 128-row CTAs with no producer warp group, two to
+// an SM, where the 64-row split grid would fill both slots of every SM and the 128-row one leaves
+// one free (NOTES.md, run 209).
+#ifndef V5_DEV_WIDE_SPLIT
+#define V5_DEV_WIDE_SPLIT 0
+#endif
+#ifndef V5_DEV_WIDE_VARIANT
+#define V5_DEV_WIDE_VARIANT 0
+#endif
