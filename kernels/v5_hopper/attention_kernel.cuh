@@ -360,7 +360,24 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     Tensor s_rc = rowcol_view(tSrS);
     // The optimistic softmax's probabilities (lazy_rescale 3 and 4): unused, and so absent, elsewhere.
     Tensor tSrP = make_fragment_like(tSrS);
-    Tensor p_rc = rowcol_view(tSrP);
+    // The wide split kernel (kNoProducer) writes them as the next P V's 16-bit operand at once: at its
+    // 128 registers a thread, a second fp32 fragment beside S, O and the P in flight spilled 64 bytes.
+    constexpr bool kPackedP = Traits::kNoProducer && Traits::kOptimisticMax;
+    Tensor tSrP16 = make_tensor<Element>(a_operand_layout(tSrS.layout()));
+    auto p_rc = [&] {
+        if constexpr (kPackedP) {
+            return make_tensor(tSrP16.data(), rowcol_layout(tSrS.layout()));
+        } else {
+            return rowcol_view(tSrP);
+        }
+    }();
+    const auto p_operand = [&] {
+        if constexpr (kPackedP) {
+            return tSrP16;
+        } else {
+            return convert_to_a_operand<Element>(tSrP);
+        }
+    };
     Tensor o_rc = rowcol_view(tOrO);
     Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
     constexpr int kRows = decltype(size<0>(s_rc))::value;
@@ -447,7 +464,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             if constexpr (kConvertUnderQk) {
                 // Under the Q K^T: the previous tile's rescale and conversion (its P V has completed).
                 if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
-                tOrP = convert_to_a_operand<Element>(tSrP);
+                tOrP = p_operand();
             }
             warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
             turn.pass();
@@ -474,7 +491,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
                 // Lazy rescaling: the warp skips O's multiply when none of its rows moved its maximum.
                 if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(o_rc, o_scale);
                 if constexpr (Traits::kOptimisticMax) {
-                    tOrP = convert_to_a_operand<Element>(tSrP);
+                    tOrP = p_operand();
                 } else {
                     tOrP = convert_to_a_operand<Element>(tSrS);
                 }
@@ -489,7 +506,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // Last P V.
         if constexpr (kConvertUnderQk) {
             if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
-            tOrP = convert_to_a_operand<Element>(tSrP);
+            tOrP = p_operand();
         }
         pipeline_v.consumer_wait(read_v);
         turn.wait();

@@ -5,8 +5,11 @@
 
 #include "tunables.cuh"  // first: it decides CuTe's wgmma shapes
 #include <cmath>
+#include <type_traits>
 
 #include <cute/tensor.hpp>
+#include <cutlass/array.h>
+#include <cutlass/numeric_conversion.h>
 
 namespace v5_hopper {
 
@@ -77,7 +80,7 @@ struct OnlineSoftmax {
         bool rescaled = !kLazy;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
-            update_row<kFirstTile, kLazy>(s, r, o_scale, rescaled, [&](int c) -> float& { return s(r, c); });
+            update_row<kFirstTile, kLazy>(s, r, o_scale, rescaled, row_writer(s, r));
         }
         return rescaled;
     }
@@ -88,7 +91,7 @@ struct OnlineSoftmax {
         bool rescaled = false;
         CUTLASS_PRAGMA_UNROLL
         for (int r = 0; r < kRows; ++r) {
-            update_row<true, kLazy>(s, r, o_scale, rescaled, [&](int c) -> float& { return p(r, c); });
+            update_row<true, kLazy>(s, r, o_scale, rescaled, row_writer(p, r));
         }
     }
 
@@ -115,7 +118,7 @@ struct OnlineSoftmax {
             bool within = true;
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < kRows; ++r) {
-                tile_sums[r] = exponentiate_row(s, r, scaled_max(row_max[r]), [&](int c) -> float& { return p(r, c); });
+                tile_sums[r] = exponentiate_row(s, r, scaled_max(row_max[r]), row_writer(p, r));
                 within = within && tile_sums[r] <= kOptimisticSumLimit;
             }
             if (__all_sync(0xffffffff, within)) {
@@ -128,19 +131,19 @@ struct OnlineSoftmax {
             }
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < kRows; ++r) {
-                update_row<false, false>(s, r, o_scale, rescaled, [&](int c) -> float& { return p(r, c); });
+                update_row<false, false>(s, r, o_scale, rescaled, row_writer(p, r));
             }
             return true;
         } else {
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < kRows; ++r) {
                 const float tile_sum =
-                    exponentiate_row(s, r, scaled_max(row_max[r]), [&](int c) -> float& { return p(r, c); });
+                    exponentiate_row(s, r, scaled_max(row_max[r]), row_writer(p, r));
                 if (__all_sync(0xffffffff, tile_sum <= kOptimisticSumLimit)) {
                     o_scale[r] = 1.f;
                     row_sum[r] += tile_sum;
                 } else {
-                    update_row<false, false>(s, r, o_scale, rescaled, [&](int c) -> float& { return p(r, c); });
+                    update_row<false, false>(s, r, o_scale, rescaled, row_writer(p, r));
                     rescaled = true;
                 }
             }
@@ -174,20 +177,46 @@ struct OnlineSoftmax {
     // 0, so exp2 gives 0, not NaN.
     __device__ float scaled_max(float m) const { return m == -INFINITY ? 0.f : m * scale_log2; }
 
-    // out(c) = exp2(s(r, c) * scale_log2 - m_scaled) for row r; returns their sum, as kSumChains
-    // independent FADD chains (one chain of 32 dependent adds sits on each warp's softmax path, like
-    // the row maximum's did).
+    // Row r of a row/column view as what exponentiate_row writes: columns c and c + 1 (c even) at once.
+    // A 16-bit view (P as the next product's operand, written directly: the wide split kernel) takes
+    // them as one converted pair; the sums still add the fp32 values.
+    template <class RowCol>
+    __device__ static auto row_writer(RowCol& p, int r) {
+        return [&p, r](int c, float v0, float v1) {
+            using Element = typename std::remove_reference_t<RowCol>::value_type;
+            if constexpr (std::is_same_v<Element, float>) {
+                p(r, c) = v0;
+                p(r, c + 1) = v1;
+            } else {
+                cutlass::NumericArrayConverter<Element, float, 2> convert;
+                cutlass::Array<float, 2> pair;
+                pair[0] = v0;
+                pair[1] = v1;
+                const cutlass::Array<Element, 2> packed = convert(pair);
+                p(r, c) = packed[0];
+                p(r, c + 1) = packed[1];
+            }
+        };
+    }
+
+    // out(c, ...) = exp2(s(r, c) * scale_log2 - m_scaled) for row r, a column pair at a time (row_writer);
+    // returns their sum, as kSumChains independent FADD chains (one chain of 32 dependent adds sits on
+    // each warp's softmax path, like the row maximum's did).
     template <class ScoresRowCol, class Out>
     __device__ float exponentiate_row(ScoresRowCol const& s, int r, float m_scaled, Out&& out) const {
         constexpr int kCols = decltype(size<1>(s))::value;
+        static_assert(kCols % 2 == 0, "column pairs");
         constexpr int kSums = kCols % kSumChains == 0 ? kSumChains : 1;
         float sums[kSums];
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kSums; ++j) sums[j] = 0.f;
         CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < kCols; ++c) {
-            out(c) = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
-            sums[c % kSums] += out(c);
+        for (int c = 0; c < kCols; c += 2) {
+            const float v0 = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
+            sums[c % kSums] += v0;
+            const float v1 = exp2_approx(fmaf(s(r, c + 1), scale_log2, -m_scaled));
+            sums[(c + 1) % kSums] += v1;
+            out(c, v0, v1);
         }
         float tile_sum = sums[0];
         CUTLASS_PRAGMA_UNROLL
