@@ -259,7 +259,7 @@ __device__ bool prefetches_inputs() {
 // its pipeline objects are off the path to its first load, which they were on for a CTA that
 // enters only as one of the previous grid's leaves (NOTES.md, runs 180-181). The K/V thread then
 // goes on from the third key tile, and the Q thread has nothing to do.
-template <class Traits, bool kCausal>
+template <class Traits, bool kCausal, bool kWholeShare = false>
 __device__ void send_first_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                                  trace::Probe probe) {
     static_assert(Traits::kSplit, "one query tile a CTA");
@@ -289,6 +289,19 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
         copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
     }
     probe.mark(trace::kKvIssued);
+    if constexpr (kWholeShare) {
+        // Development (V5_DEV_WIDE_LOADS): the rest of the share once the first K has landed.
+        if (span.end - span.begin > Traits::kStages) __trap();
+        shared.pipeline_k.full_barrier_[0].wait(0);
+        for (int i = sent; i < span.end - span.begin; ++i) {
+            auto& full_k = shared.pipeline_k.full_barrier_[i];
+            auto& full_v = shared.pipeline_v.full_barrier_[i];
+            full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
+            copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k)), tKg(_, span.end - 1 - i), tKs(_, i));
+            full_v.arrive_and_expect_tx(Traits::kTmaBytesV);
+            copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
+        }
+    }
 }
 
 // A split CTA without a producer (Traits::kNoProducer): thread 0, once the first K has landed, sends
@@ -406,6 +419,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         clear(tOrO);   // the first P V accumulates onto zeros
         if (turn.is_last()) turn.pass();   // group 0 issues first
         const auto [q_buffer, q_use] = Traits::q_slot(tile_count);
+        if constexpr (Traits::kNoProducer && V5_DEV_WIDE_LOADS) {
+            if (consumer_thread == 0) send_first_loads<Traits, kCausal, true>(params, shared, probe);
+        }
+        if constexpr (Traits::kNoProducer && V5_DEV_WIDE_PDL_ALL && kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
         BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
         if (tile_count == 0) probe.mark(trace::kQReady);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
@@ -414,7 +431,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
-        if constexpr (Traits::kNoProducer) {
+        if constexpr (Traits::kNoProducer && !V5_DEV_WIDE_LOADS) {
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared);
         }
         turn.wait();
@@ -673,7 +690,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         }
     } else {
         if constexpr (Traits::kNoProducer) {
-            if (threadIdx.x == 0) send_first_loads<Traits, kCausal>(params, shared, probe);
+            if (!V5_DEV_WIDE_LOADS && threadIdx.x == 0) send_first_loads<Traits, kCausal>(params, shared, probe);
         } else if constexpr (!kKeepLaunchRegisters) {
             cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
         }

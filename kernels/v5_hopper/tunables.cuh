@@ -153,3 +153,11 @@
 #ifndef V5_DEV_WIDE_VARIANT
 #define V5_DEV_WIDE_VARIANT 0
 #endif
+// Development (run 212): the wide kernel's thread 0 sends its whole share from inside consume, after its
+// set-up (1); every thread of the wide kernel waits on the previous grid before it polls a barrier (1).
+#ifndef V5_DEV_WIDE_LOADS
+#define V5_DEV_WIDE_LOADS 0
+#endif
+#ifndef V5_DEV_WIDE_PDL_ALL
+#define V5_DEV_WIDE_PDL_ALL 0
+#endif
