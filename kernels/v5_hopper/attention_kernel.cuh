@@ -279,7 +279,9 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
     Traits::BarrierQ::arrive_and_expect_tx(&shared.barrier_q[0], Traits::kTmaBytesQ);
     copy(params.tma_q.with(shared.barrier_q[0]), tQg, tQs(_, 0));
     probe.mark(trace::kQIssued);
-    const int sent = first_key_tiles(span);
+    // Development (V5_DEV_WIDE_BURST): the wide kernel sends its whole share in the first burst.
+    const int sent = Traits::kNoProducer && V5_DEV_WIDE_BURST ? span.end - span.begin : first_key_tiles(span);
+    if (Traits::kNoProducer && V5_DEV_WIDE_BURST && sent > Traits::kStages) __trap();
     for (int i = 0; i < sent; ++i) {
         auto& full_k = shared.pipeline_k.full_barrier_[i];
         auto& full_v = shared.pipeline_v.full_barrier_[i];
@@ -431,7 +433,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
-        if constexpr (Traits::kNoProducer && !V5_DEV_WIDE_LOADS) {
+        if constexpr (Traits::kNoProducer && !V5_DEV_WIDE_LOADS && !V5_DEV_WIDE_BURST) {
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared);
         }
         turn.wait();

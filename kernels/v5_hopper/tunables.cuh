@@ -161,3 +161,7 @@
 #ifndef V5_DEV_WIDE_PDL_ALL
 #define V5_DEV_WIDE_PDL_ALL 0
 #endif
+// Development (run 213): the wide kernel sends its whole share in the first burst (1).
+#ifndef V5_DEV_WIDE_BURST
+#define V5_DEV_WIDE_BURST 0
+#endif
