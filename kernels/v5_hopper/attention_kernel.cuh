@@ -309,8 +309,10 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
 // A split CTA without a producer (Traits::kNoProducer): thread 0, once the first K has landed, sends
 // the rest of its share into the stages after the first burst's. The host runs that kernel only
 // where a share fits the stages, so every stage is filled once and none is waited for.
+// Development (V5_DEV_WIDE_REST): each group's thread 0 sends every groups-th of them from `first`.
 template <class Traits, bool kCausal>
-__device__ void send_rest_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared) {
+__device__ void send_rest_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
+                                int first = 0, int step = 1) {
     static_assert(Traits::kNoProducer, "the producer's ring sends the rest elsewhere");
     const TileScheduler<Traits, kCausal> scheduler{params};
     const TileCoord tile = scheduler.coord(scheduler.first());
@@ -318,7 +320,7 @@ __device__ void send_rest_loads(typename Traits::Params const& params, typename 
     const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
     if (span.end - span.begin > Traits::kStages) __trap();   // the host's rule broken: fail, never hang
-    for (int i = first_key_tiles(span); i < span.end - span.begin; ++i) {
+    for (int i = first_key_tiles(span) + first; i < span.end - span.begin; i += step) {
         auto& full_k = shared.pipeline_k.full_barrier_[i];
         auto& full_v = shared.pipeline_v.full_barrier_[i];
         full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
@@ -433,11 +435,16 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
-        if constexpr (Traits::kNoProducer && !V5_DEV_WIDE_LOADS && !V5_DEV_WIDE_BURST) {
+        if constexpr (Traits::kNoProducer && !V5_DEV_WIDE_LOADS && !V5_DEV_WIDE_BURST && !V5_DEV_WIDE_REST) {
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared);
         }
         turn.wait();
         warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
+        if constexpr (Traits::kNoProducer && V5_DEV_WIDE_REST) {
+            if (consumer_thread % cutlass::NumThreadsPerWarpGroup == 0 && tile_count == 0) {
+                send_rest_loads<Traits, kCausal>(params, shared, turn.group, Traits::kConsumerWarpGroups);
+            }
+        }
         turn.pass();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);

@@ -165,3 +165,7 @@
 #ifndef V5_DEV_WIDE_BURST
 #define V5_DEV_WIDE_BURST 0
 #endif
+// Development (run 214): the wide kernel's rest loads, a tile a group, sent under each group's first Q K^T (1).
+#ifndef V5_DEV_WIDE_REST
+#define V5_DEV_WIDE_REST 0
+#endif
