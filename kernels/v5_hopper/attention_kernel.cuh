@@ -423,7 +423,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         clear(tOrO);   // the first P V accumulates onto zeros
         if (turn.is_last()) turn.pass();   // group 0 issues first
         const auto [q_buffer, q_use] = Traits::q_slot(tile_count);
-        if constexpr (Traits::kNoProducer && V5_DEV_WIDE_LOADS) {
+        if constexpr (Traits::kNoProducer && V5_DEV_WIDE_LOADS == 1) {
             if (consumer_thread == 0) send_first_loads<Traits, kCausal, true>(params, shared, probe);
         }
         if constexpr (Traits::kNoProducer && V5_DEV_WIDE_PDL_ALL && kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
@@ -699,7 +699,9 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         }
     } else {
         if constexpr (Traits::kNoProducer) {
-            if (!V5_DEV_WIDE_LOADS && threadIdx.x == 0) send_first_loads<Traits, kCausal>(params, shared, probe);
+            if (V5_DEV_WIDE_LOADS != 1 && threadIdx.x == 0) {
+                send_first_loads<Traits, kCausal, V5_DEV_WIDE_LOADS == 2>(params, shared, probe);
+            }
         } else if constexpr (!kKeepLaunchRegisters) {
             cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
         }
