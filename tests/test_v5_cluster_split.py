@@ -1,8 +1,9 @@
 """v5_hopper's cluster key split (issue 8). CPU: with key_split on, the sm_90a build holds one split
-kernel per (dtype, head dim), none spills, and each pushes its state with st.async on the owner's
-mbarrier after the cluster barrier, with no memory fence. GPU (an sm_90 device): parity on grids
-that launch clusters of 4 and 2 CTAs (one and several key tiles per rank, ragged last tiles), and
-the profiler's kernel names show that the split kernel is the one that ran."""
+kernel per (dtype, head dim) and, with split_wide, a wide one at D=64 (128 rows, no producer); none
+spills, and each pushes its state with st.async on the owner's mbarrier after the cluster barrier,
+with no memory fence. GPU (an sm_90 device): parity on grids that launch clusters of 4 and 2 CTAs
+(one and several key tiles per rank, ragged last tiles), racecheck over the pushes, and the
+profiler's kernel names show which split kernel ran."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,24 +17,32 @@ from evo_sdpa.sass import dump_sass, find_sass_tools
 from test_v5_hopper import assert_matches_reference, needs_toolchain, sm90_device, v5_variant
 
 SPLIT = {"key_split": 1, "pdl": 1}   # PDL on every launch, eager ones included
-# KernelTraits<Element, D, M, N, stages, true, false>: the split traits' last three arguments,
-# mangled (2 stages, or 4 in the D=64 kernels with split_stages_d64 4).
-SPLIT_TRAITS = re.compile(r"ELi[24]ELb1ELb0EEE")
+# KernelTraits<Element, D, M, N, stages, true, false, false>: the split traits' last four arguments,
+# mangled (2 stages, or 4 in the D=64 kernels with split_stages_d64 4); the wide split kernel's
+# (split_wide: 128 rows, 64 keys, 4 stages, no producer) end in true, false, true.
+SPLIT_TRAITS = re.compile(r"ELi[24]ELb1ELb0ELb0EEE")
+WIDE_TRAITS = re.compile(r"ELi64ELi128ELi64ELi4ELb1ELb0ELb1EEE")
 
 
 def is_split(kernel: str) -> bool:
     return SPLIT_TRAITS.search(kernel) is not None
 
 
+def is_wide(kernel: str) -> bool:
+    return WIDE_TRAITS.search(kernel) is not None
+
+
 # Split CTAs of 128 query rows (two consumer warp groups) and of 64 (one; two CTAs to an SM at D=64),
 # the latter with 128- and 64-key stages, with 64-key stages three to an SM at D=64 (two stages each),
-# and with the default's four 64-key stages at D=64 (m64n64, here with 64-key stages at D=128 too).
+# and with the default's four 64-key stages at D=64 (m64n64, here with 64-key stages at D=128 too);
+# the default's with split_wide (wide: at D=64, 2 x 8 x 512 runs 128-row CTAs without a producer).
 @pytest.fixture(scope="module", params=[{"split_block_m": 128, "split_block_n": 128, "split_stages_d64": 2},
                                         {"split_block_m": 64, "split_block_n": 128, "split_stages_d64": 2},
                                         {"split_block_m": 64, "split_block_n": 64, "split_block_n_d128": 64},
                                         {"split_block_m": 64, "split_block_n": 64, "split_ctas_per_sm": 3,
-                                         "split_stages_d64": 2}],
-                ids=["m128", "m64", "m64n64", "m64n64c3"])
+                                         "split_stages_d64": 2},
+                                        {"split_wide": 1}],
+                ids=["m128", "m64", "m64n64", "m64n64c3", "wide"])
 def split_build(request, tmp_path_factory):
     needs_toolchain()
     verdict, resources, _ = build_cuda(v5_variant(), "9.0", tmp_path_factory.mktemp("v5_split"),
@@ -46,9 +55,13 @@ def test_split_kernels_build_without_spills(split_build):
     _, resources = split_build
     split = [r for r in resources if is_split(r["kernel"])]
     assert len(split) == 4, [r["kernel"] for r in resources]   # fp16/bf16 x D 64/128, non-causal only
-    assert all(r["spill_store_bytes"] == 0 and r["stack_frame_bytes"] == 0 for r in split)
-    assert len(resources) == 14   # with the two D=128 free-issue kernels
     tunables = split_build[0]["tunables"]
+    wide = [r for r in resources if is_wide(r["kernel"])]
+    assert len(wide) == 2 * tunables["split_wide"], [r["kernel"] for r in resources]   # fp16/bf16 at D=64
+    assert all(r["spill_store_bytes"] == 0 and r["stack_frame_bytes"] == 0 for r in split + wide)
+    # two CTAs of 256 threads to an SM, with no setmaxnreg to trade registers
+    assert all(r["registers"] <= 128 for r in wide), wide
+    assert len(resources) == 14 + len(wide)   # with the two D=128 free-issue kernels
     if tunables["split_block_m"] == 64:
         # Launched for two CTAs per SM at D=64 (setmaxnreg then trades within 128 x 256 registers),
         # three with 64-key stages where asked (80 x 256).
@@ -65,8 +78,8 @@ def test_split_kernels_push_through_st_async_without_a_fence(split_build):
         pytest.skip(str(exc))
     _, listing = dump_sass(tools, split_build[0]["artifact"])
     functions = re.split(r"\n\s*Function : ", listing)
-    split = [f for f in functions if is_split(f.split("\n", 1)[0])]
-    assert len(split) == 4
+    split = [f for f in functions if is_split(f.split("\n", 1)[0]) or is_wide(f.split("\n", 1)[0])]
+    assert len(split) == 4 + 2 * split_build[0]["tunables"]["split_wide"]
     for body in split:
         head_dim = int(re.search(r"_tELi(\d+)ELi", body.split("\n", 1)[0]).group(1))   # KernelTraits<T, D, ...>
         assert body.count("STAS.128") == 1 + head_dim // 8   # max and sum, then O, 16 bytes per lane each
@@ -98,7 +111,8 @@ def test_split_grids_match_reference(split_build, dtype, D, grid):
                          ids=["1x8x512", "2x8x512", "4x8x512"])
 def test_small_grids_run_the_split_kernel(split_build, grid, splits):
     """The split is chosen by the host from the grid: under one wave of query tiles it runs,
-    at 128 tiles (one per SM already) it does not."""
+    at 128 tiles (one per SM already) it does not. Where 64-row split CTAs would fill both slots of
+    every SM (2 x 8 x 512), split_wide runs the wide split kernel instead, one CTA of the call an SM."""
     import math
 
     import torch
@@ -118,15 +132,20 @@ def test_small_grids_run_the_split_kernel(split_build, grid, splits):
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if "v5_hopper_attention_fwd" in e.name]
     assert names, [e.name for e in prof.events()]
-    # KernelTraits<..., stages, split, free issue>
-    assert any(re.search(r", [24], true, false>", name) for name in names) == splits, names
+    # KernelTraits<..., stages, split, free issue, no producer>
+    wide = grid == (2, 8, 512) and split_build[0]["tunables"]["split_wide"] == 1
+    assert any(re.search(r", [24], true, false, false>", name) for name in names) == (splits and not wide), names
+    assert any(re.search(r", 4, true, false, true>", name) for name in names) == wide, names
 
 
 @pytest.mark.gpu
-def test_racecheck_follows_the_pushes(split_build, tmp_path, monkeypatch):
-    """compute-sanitizer's racecheck over the split kernels (clusters of 2 and of 4) completes with
-    no hazard. It hung while the owner warps skipped the cluster barrier's wait (NOTES.md, runs
-    26-28), so a hang fails here after three minutes, not the stage's fifteen."""
+@pytest.mark.parametrize("shape", [(1, 2, 520), (2, 8, 512)], ids=lambda g: "x".join(map(str, g)))
+def test_racecheck_follows_the_pushes(split_build, tmp_path, monkeypatch, shape):
+    """compute-sanitizer's racecheck over the split kernels (clusters of 4 on 1 x 2 x 520, of 2 filling
+    both slots of every SM on 2 x 8 x 512, where split_wide runs the wide kernel at D=64, whose thread
+    0 sends every load) completes with no hazard. It hung while the owner warps skipped the cluster
+    barrier's wait (NOTES.md, runs 26-28), so a hang fails here after three minutes, not the stage's
+    fifteen."""
     import json
     import shutil
 
@@ -141,15 +160,13 @@ def test_racecheck_follows_the_pushes(split_build, tmp_path, monkeypatch):
     build = tmp_path / "build.json"
     build.write_text(json.dumps(split_build[0]))
     cfg = {"tools": ["racecheck"], "padding_bytes": 256, "shape": {"B": 1, "H": 1, "S": 129}}
-    # Of the variant's sanitizer shapes, the one that splits (clusters of 4); the persistent grids
-    # run no split kernel.
+    # That shape in place of the variant's sanitizer shapes, whose persistent grids run no split kernel.
     variant = v5_variant()
-    clusters_of_4 = [shape for shape in variant.meta["sanitizer_shapes"] if (shape["B"], shape["H"], shape["S"]) == (1, 2, 520)]
-    assert clusters_of_4, variant.meta["sanitizer_shapes"]
-    variant = dataclasses.replace(variant, meta={**variant.meta, "sanitizer_shapes": clusters_of_4})
+    chosen = [dict(zip("BHS", shape))]
+    variant = dataclasses.replace(variant, meta={**variant.meta, "sanitizer_shapes": chosen})
     result = sanitizer.check_variant(tool, cfg, variant, build, tmp_path / "logs")
     assert result["status"] == "pass", result
-    assert result["variant_shapes"] == [{"B": 1, "H": 2, "S": 520}]   # the clusters of 4 ran too
+    assert result["variant_shapes"] == chosen   # that shape ran too
 
 
 @pytest.mark.gpu

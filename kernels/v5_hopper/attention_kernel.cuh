@@ -17,7 +17,10 @@
 // split_ctas_per_sm allows). Those kernels launch with programmatic dependent launch; where the
 // grid leaves a slot on every SM, a thread of producer warp 3 asks L2 for the call's tiles before
 // the wait (prefetch_inputs). In the D=128 split kernels thread 0 sends a CTA's first loads itself,
-// before the CTA's first barrier (kEarlyLoads).
+// before the CTA's first barrier (kEarlyLoads). With split_wide a D=64 split grid that would fill both
+// slots of every SM runs 128-row CTAs of two consumer groups and no producer (Traits::kNoProducer):
+// thread 0 sends the loads, each group runs as a 64-row split CTA's, and P is written as the P V
+// operand at once (kPackedP).
 //
 // Key tiles are visited from the last (the masked ones) down to the first. With a persistent
 // grid a CTA runs several query tiles: the rings' states, the barriers and the issue rotation
@@ -253,13 +256,13 @@ __device__ bool prefetches_inputs() {
     }
 }
 
-// kEarlyLoads: thread 0 of a split CTA, once it has initialised the barriers, sends the first loads
-// itself: the prefetch, the PDL wait, then Q and the first key tiles into stages 0, 1 (an empty
-// ring: nothing to acquire). So the CTA's first __syncthreads, the producer's register release and
+// kEarlyLoads (and a CTA without a producer, past its barrier): thread 0 of a split CTA sends the
+// first loads itself: the prefetch, the PDL wait, then Q and the first key tiles into stages 0, 1
+// (an empty ring: nothing to acquire). So the CTA's first __syncthreads, the producer's register release and
 // its pipeline objects are off the path to its first load, which they were on for a CTA that
 // enters only as one of the previous grid's leaves (NOTES.md, runs 180-181). The K/V thread then
 // goes on from the third key tile, and the Q thread has nothing to do.
-template <class Traits, bool kCausal, bool kWholeShare = false>
+template <class Traits, bool kCausal>
 __device__ void send_first_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                                  trace::Probe probe) {
     static_assert(Traits::kSplit, "one query tile a CTA");
@@ -279,9 +282,7 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
     Traits::BarrierQ::arrive_and_expect_tx(&shared.barrier_q[0], Traits::kTmaBytesQ);
     copy(params.tma_q.with(shared.barrier_q[0]), tQg, tQs(_, 0));
     probe.mark(trace::kQIssued);
-    // Development (V5_DEV_WIDE_BURST): the wide kernel sends its whole share in the first burst.
-    const int sent = Traits::kNoProducer && V5_DEV_WIDE_BURST ? span.end - span.begin : first_key_tiles(span);
-    if (Traits::kNoProducer && V5_DEV_WIDE_BURST && sent > Traits::kStages) __trap();
+    const int sent = first_key_tiles(span);
     for (int i = 0; i < sent; ++i) {
         auto& full_k = shared.pipeline_k.full_barrier_[i];
         auto& full_v = shared.pipeline_v.full_barrier_[i];
@@ -291,28 +292,15 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
         copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
     }
     probe.mark(trace::kKvIssued);
-    if constexpr (kWholeShare) {
-        // Development (V5_DEV_WIDE_LOADS): the rest of the share once the first K has landed.
-        if (span.end - span.begin > Traits::kStages) __trap();
-        shared.pipeline_k.full_barrier_[0].wait(0);
-        for (int i = sent; i < span.end - span.begin; ++i) {
-            auto& full_k = shared.pipeline_k.full_barrier_[i];
-            auto& full_v = shared.pipeline_v.full_barrier_[i];
-            full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
-            copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k)), tKg(_, span.end - 1 - i), tKs(_, i));
-            full_v.arrive_and_expect_tx(Traits::kTmaBytesV);
-            copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
-        }
-    }
 }
 
-// A split CTA without a producer (Traits::kNoProducer): thread 0, once the first K has landed, sends
-// the rest of its share into the stages after the first burst's. The host runs that kernel only
-// where a share fits the stages, so every stage is filled once and none is waited for.
-// Development (V5_DEV_WIDE_REST): each group's thread 0 sends every groups-th of them from `first`.
+// A split CTA without a producer (Traits::kNoProducer, split_wide): thread 0, once the first K has
+// landed, sends the rest of its share into the stages after the first burst's. The host runs that
+// kernel only where a share fits the stages, so every stage is filled once and none is waited for.
+// Its place is measured: sent later, under the first Q K^T, +0.5 us on 2,8,512,64; sent by thread 0
+// before warp 0's set-up, +0.4; all in the first burst, +0.4 (NOTES.md, runs 213-215).
 template <class Traits, bool kCausal>
-__device__ void send_rest_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                                int first = 0, int step = 1) {
+__device__ void send_rest_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared) {
     static_assert(Traits::kNoProducer, "the producer's ring sends the rest elsewhere");
     const TileScheduler<Traits, kCausal> scheduler{params};
     const TileCoord tile = scheduler.coord(scheduler.first());
@@ -320,7 +308,7 @@ __device__ void send_rest_loads(typename Traits::Params const& params, typename 
     const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
     if (span.end - span.begin > Traits::kStages) __trap();   // the host's rule broken: fail, never hang
-    for (int i = first_key_tiles(span) + first; i < span.end - span.begin; i += step) {
+    for (int i = first_key_tiles(span); i < span.end - span.begin; ++i) {
         auto& full_k = shared.pipeline_k.full_barrier_[i];
         auto& full_v = shared.pipeline_v.full_barrier_[i];
         full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
@@ -423,10 +411,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         clear(tOrO);   // the first P V accumulates onto zeros
         if (turn.is_last()) turn.pass();   // group 0 issues first
         const auto [q_buffer, q_use] = Traits::q_slot(tile_count);
-        if constexpr (Traits::kNoProducer && V5_DEV_WIDE_LOADS == 1) {
-            if (consumer_thread == 0) send_first_loads<Traits, kCausal, true>(params, shared, probe);
-        }
-        if constexpr (Traits::kNoProducer && V5_DEV_WIDE_PDL_ALL && kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
         BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
         if (tile_count == 0) probe.mark(trace::kQReady);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
@@ -435,16 +419,11 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
-        if constexpr (Traits::kNoProducer && !V5_DEV_WIDE_LOADS && !V5_DEV_WIDE_BURST && !V5_DEV_WIDE_REST) {
+        if constexpr (Traits::kNoProducer) {
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared);
         }
         turn.wait();
         warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
-        if constexpr (Traits::kNoProducer && V5_DEV_WIDE_REST) {
-            if (consumer_thread % cutlass::NumThreadsPerWarpGroup == 0 && tile_count == 0) {
-                send_rest_loads<Traits, kCausal>(params, shared, turn.group, Traits::kConsumerWarpGroups);
-            }
-        }
         turn.pass();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
@@ -454,7 +433,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // In the split kernels each tile's P waits in its own fragment until the next pass, which
         // converts it, with O's rescale vote, under its Q K^T (FA3's order within a warp group):
         // the pass's end then has only the P V wait (NOTES.md, runs 162-163).
-        constexpr bool kConvertUnderQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong && !(V5_DEV_WIDE_VARIANT == 1 && Traits::kNoProducer);
+        constexpr bool kConvertUnderQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong;
         if constexpr (kConvertUnderQk) {
             softmax.first_update_into(s_rc, p_rc, o_scale);
         } else {
@@ -699,9 +678,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         }
     } else {
         if constexpr (Traits::kNoProducer) {
-            if (V5_DEV_WIDE_LOADS != 1 && threadIdx.x == 0) {
-                send_first_loads<Traits, kCausal, V5_DEV_WIDE_LOADS == 2>(params, shared, probe);
-            }
+            if (threadIdx.x == 0) send_first_loads<Traits, kCausal>(params, shared, probe);
         } else if constexpr (!kKeepLaunchRegisters) {
             cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
         }

@@ -22,8 +22,8 @@ using namespace cute;
 // query tile's key tiles and merge their states; one query tile per CTA, so one Q buffer.
 // kFreeIssue_: the consumer warp groups issue without taking turns, and each one's softmax runs
 // under its own P V (free_issue_d128_min_keys: the long D=128 non-causal shapes).
-// kNoProducer_ (development, V5_DEV_WIDE_SPLIT): a split CTA of consumer warp groups alone, whose
-// whole key share fits its stages; thread 0 sends every load, and no warp group trades registers.
+// kNoProducer_: a split CTA of consumer warp groups alone (split_wide), whose whole key share fits its
+// stages; thread 0 sends every load, and no warp group trades registers.
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kSplit_ = false,
           bool kFreeIssue_ = false, bool kNoProducer_ = false>
 struct KernelTraits {
@@ -85,7 +85,7 @@ struct KernelTraits {
     static_assert(V5_HOPPER_LAZY_RESCALE >= 0 && V5_HOPPER_LAZY_RESCALE <= 4, "lazy_rescale: 0 to 4");
     static constexpr bool kLazyRescale = V5_HOPPER_LAZY_RESCALE == 1 || V5_HOPPER_LAZY_RESCALE == 4 ||
                                          (V5_HOPPER_LAZY_RESCALE >= 2 && kFreeIssue);
-    static constexpr bool kOptimisticMax = !(V5_DEV_WIDE_VARIANT == 2 && kNoProducer) && (V5_HOPPER_LAZY_RESCALE == 4 || (V5_HOPPER_LAZY_RESCALE == 3 && kFreeIssue));
+    static constexpr bool kOptimisticMax = V5_HOPPER_LAZY_RESCALE == 4 || (V5_HOPPER_LAZY_RESCALE == 3 && kFreeIssue);
     // 128-byte swizzled tiles: the layout wgmma descriptors and TMA boxes both accept, and the
     // one that keeps wgmma's shared-memory reads free of bank conflicts.
     template <int kBuffers>

@@ -245,8 +245,8 @@ struct Kernels {
     static constexpr int kSplitBlockN = kHeadDim == 64 ? V5_HOPPER_SPLIT_BLOCK_N : V5_HOPPER_SPLIT_BLOCK_N_D128;
     using Split = KernelTraits<Element, kHeadDim, V5_HOPPER_SPLIT_BLOCK_M, kSplitBlockN,
                                kHeadDim == 64 ? V5_HOPPER_SPLIT_STAGES_D64 : 2, true>;
-    // Development (V5_DEV_WIDE_SPLIT): 128-row split CTAs of two consumer groups and no producer, at
-    // D=64 with the split's four 64-key stages, two to an SM by their 128 registers a thread.
+    // split_wide: 128-row split CTAs of two consumer groups and no producer, at D=64 with four 64-key
+    // stages (about 110 KB), two to an SM by their 128 registers a thread.
     using WideSplit = KernelTraits<Element, kHeadDim, 128, 64, 4, true, false, true>;
     static constexpr bool kFreeIssueKernel = kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0;
 
@@ -266,19 +266,19 @@ struct Kernels {
         return launch_traits<Split, false>(params, stream);
     }
 
-    // Where the 64-row split grid fills more slots than the SMs and the wide one fits them once over
-    // with every share in its stages: the wide kernel, whose next call finds a slot on every SM.
-    static int wide_splits(int64_t heads_total, int seq_len, int splits) {
-        if constexpr (V5_DEV_WIDE_SPLIT && kHeadDim == 64) {
+    // Where the 64-row split grid (of `splits` ranks) has more CTAs than SMs and the wide one fits them
+    // once over with every share in its stages: the wide kernel, so the next call finds a slot on every
+    // SM, enters early and prefetches (NOTES.md, runs 209-210: -0.06 to -0.1 us on 2,8,512,64).
+    static bool runs_wide(int64_t heads_total, int seq_len, int splits) {
+        if constexpr (V5_HOPPER_SPLIT_WIDE && kHeadDim == 64) {
             const int64_t sms = sm_count();
             const int64_t wide_tiles = (seq_len + WideSplit::kBlockM - 1) / WideSplit::kBlockM * heads_total;
             const int key_tiles = (seq_len + WideSplit::kBlockN - 1) / WideSplit::kBlockN;
-            if (splits != 2 || split_m_blocks(seq_len) * heads_total * splits <= sms) return 0;
-            if (wide_tiles * splits > sms || (key_tiles + splits - 1) / splits > WideSplit::kStages) return 0;
-            if (WideSplit::kMinBlocksPerSm < 2 || wide_tiles > max_active_clusters<WideSplit, false>(splits)) return 0;
-            return splits;
+            if (splits != 2 || split_m_blocks(seq_len) * heads_total * splits <= sms) return false;
+            if (wide_tiles * splits > sms || (key_tiles + splits - 1) / splits > WideSplit::kStages) return false;
+            return WideSplit::kMinBlocksPerSm >= 2 && wide_tiles <= max_active_clusters<WideSplit, false>(splits);
         } else {
-            return 0;
+            return false;
         }
     }
 
@@ -314,8 +314,8 @@ struct Kernels {
         if constexpr (V5_HOPPER_KEY_SPLIT) {
             const int64_t heads_total = int64_t(heads) * batch;
             const int splits = splits_for(split_m_blocks(seq_len) * heads_total, seq_len);
-            if constexpr (V5_DEV_WIDE_SPLIT && kHeadDim == 64) {
-                if (wide_splits(heads_total, seq_len, splits) > 1) {
+            if constexpr (V5_HOPPER_SPLIT_WIDE && kHeadDim == 64) {
+                if (runs_wide(heads_total, seq_len, splits)) {
                     auto params = make_params<WideSplit>(q, k, v, o, batch, heads, seq_len, scale);
                     params.key_splits = splits;
                     return launch_traits<WideSplit, false>(params, stream);

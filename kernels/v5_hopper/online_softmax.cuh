@@ -177,46 +177,54 @@ struct OnlineSoftmax {
     // 0, so exp2 gives 0, not NaN.
     __device__ float scaled_max(float m) const { return m == -INFINITY ? 0.f : m * scale_log2; }
 
-    // Row r of a row/column view as what exponentiate_row writes: columns c and c + 1 (c even) at once.
-    // A 16-bit view (P as the next product's operand, written directly: the wide split kernel) takes
-    // them as one converted pair; the sums still add the fp32 values.
+    // Row r of a row/column view as what exponentiate_row writes, one probability at a time. A 16-bit
+    // view (P written straight into the next P V's operand: the wide split kernel) keeps an even
+    // column's value until the odd one comes and stores the two as one converted pair; the sums
+    // still add the fp32 values.
     template <class RowCol>
-    __device__ static auto row_writer(RowCol& p, int r) {
-        return [&p, r](int c, float v0, float v1) {
-            using Element = typename std::remove_reference_t<RowCol>::value_type;
+    struct RowWriter {
+        using Element = typename std::remove_reference_t<RowCol>::value_type;
+        RowCol& p;
+        int r;
+        float even = 0.f;
+
+        __device__ void put(int c, float v) {
             if constexpr (std::is_same_v<Element, float>) {
-                p(r, c) = v0;
-                p(r, c + 1) = v1;
+                p(r, c) = v;
+            } else if (c % 2 == 0) {
+                even = v;
             } else {
                 cutlass::NumericArrayConverter<Element, float, 2> convert;
                 cutlass::Array<float, 2> pair;
-                pair[0] = v0;
-                pair[1] = v1;
+                pair[0] = even;
+                pair[1] = v;
                 const cutlass::Array<Element, 2> packed = convert(pair);
-                p(r, c) = packed[0];
-                p(r, c + 1) = packed[1];
+                p(r, c - 1) = packed[0];
+                p(r, c) = packed[1];
             }
-        };
+        }
+    };
+    template <class RowCol>
+    __device__ static RowWriter<RowCol> row_writer(RowCol& p, int r) {
+        return {p, r};
     }
 
-    // out(c, ...) = exp2(s(r, c) * scale_log2 - m_scaled) for row r, a column pair at a time (row_writer);
-    // returns their sum, as kSumChains independent FADD chains (one chain of 32 dependent adds sits on
-    // each warp's softmax path, like the row maximum's did).
+    // out.put(c, exp2(s(r, c) * scale_log2 - m_scaled)) for row r (row_writer); returns their sum, as
+    // kSumChains independent FADD chains (one chain of 32 dependent adds sits on each warp's softmax
+    // path, like the row maximum's did).
     template <class ScoresRowCol, class Out>
     __device__ float exponentiate_row(ScoresRowCol const& s, int r, float m_scaled, Out&& out) const {
         constexpr int kCols = decltype(size<1>(s))::value;
-        static_assert(kCols % 2 == 0, "column pairs");
+        static_assert(kCols % 2 == 0, "16-bit writers store column pairs");
         constexpr int kSums = kCols % kSumChains == 0 ? kSumChains : 1;
         float sums[kSums];
         CUTLASS_PRAGMA_UNROLL
         for (int j = 0; j < kSums; ++j) sums[j] = 0.f;
         CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < kCols; c += 2) {
-            const float v0 = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
-            sums[c % kSums] += v0;
-            const float v1 = exp2_approx(fmaf(s(r, c + 1), scale_log2, -m_scaled));
-            sums[(c + 1) % kSums] += v1;
-            out(c, v0, v1);
+        for (int c = 0; c < kCols; ++c) {
+            const float v = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
+            out.put(c, v);
+            sums[c % kSums] += v;
         }
         float tile_sum = sums[0];
         CUTLASS_PRAGMA_UNROLL

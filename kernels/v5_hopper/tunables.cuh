@@ -104,6 +104,10 @@
 #ifndef V5_HOPPER_SPLIT_CTAS_PER_SM
 #error "V5_HOPPER_SPLIT_CTAS_PER_SM undefined: the build passes it from variant.yaml (tunables.split_ctas_per_sm)"
 #endif
+// D=64 split grids that fill both slots of every SM: 128-row split CTAs without a producer (1) or not (0)
+#ifndef V5_HOPPER_SPLIT_WIDE
+#error "V5_HOPPER_SPLIT_WIDE undefined: the build passes it from variant.yaml (tunables.split_wide)"
+#endif
 // causal tile order: 0 head by head, 1 longest first across heads (non-persistent grids), 2 always,
 // 3 as 1 plus long/short pairs of one head on persistent grids (tile_order.cuh)
 #ifndef V5_HOPPER_CAUSAL_ORDER
@@ -144,28 +148,3 @@
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
 
-// Development macro (off): D=64 split clusters of 128-row CTAs with no producer warp group, two to
-// an SM, where the 64-row split grid would fill both slots of every SM and the 128-row one leaves
-// one free (NOTES.md, run 209).
-#ifndef V5_DEV_WIDE_SPLIT
-#define V5_DEV_WIDE_SPLIT 0
-#endif
-#ifndef V5_DEV_WIDE_VARIANT
-#define V5_DEV_WIDE_VARIANT 0
-#endif
-// Development (run 212): the wide kernel's thread 0 sends its whole share from inside consume, after its
-// set-up (1); every thread of the wide kernel waits on the previous grid before it polls a barrier (1).
-#ifndef V5_DEV_WIDE_LOADS
-#define V5_DEV_WIDE_LOADS 0
-#endif
-#ifndef V5_DEV_WIDE_PDL_ALL
-#define V5_DEV_WIDE_PDL_ALL 0
-#endif
-// Development (run 213): the wide kernel sends its whole share in the first burst (1).
-#ifndef V5_DEV_WIDE_BURST
-#define V5_DEV_WIDE_BURST 0
-#endif
-// Development (run 214): the wide kernel's rest loads, a tile a group, sent under each group's first Q K^T (1).
-#ifndef V5_DEV_WIDE_REST
-#define V5_DEV_WIDE_REST 0
-#endif
