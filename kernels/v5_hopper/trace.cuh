@@ -41,7 +41,8 @@ enum Point : int {
     kMerged,         // past the cluster merge (owner: folded, its first half stored; pusher: pushed)
     kStoreIssued,    // O's store issued (a split owner: its second half)
     kExit,           // consumer thread 0 leaves (after the store drains)
-    kProducerStart,  // the K/V producer thread enters produce_kv (past setmaxnreg and its pipelines)
+    kProducerStart,  // the K/V producer thread enters produce_kv (past setmaxnreg and its pipelines);
+                     // in a CTA without a producer, thread 0 has its rest loads' coordinates
     kKvScheduled,    // its first tile's coordinates and key share computed
     kKAcquired,      // its first K stage acquired (an empty ring: at once)
     kQIssued,        // the Q thread, its first Q load issued
