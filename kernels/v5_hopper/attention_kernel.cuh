@@ -298,35 +298,28 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
 // landed, sends the rest of its share into the stages after the first burst's. The host runs that
 // kernel only where a share fits the stages, so every stage is filled once and none is waited for.
 // Its place is measured: sent later, under the first Q K^T, +0.5 us on 2,8,512,64; sent by thread 0
-// before warp 0's set-up, +0.4; all in the first burst, +0.4 (NOTES.md, runs 213-215).
-template <class Traits, bool kCausal>
-__device__ auto rest_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                           trace::Probe probe) {
-    static_assert(Traits::kNoProducer, "the producer's ring sends the rest elsewhere");
-    const TileScheduler<Traits, kCausal> scheduler{params};
-    const TileCoord tile = scheduler.coord(scheduler.first());
-    const auto parts = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
-    const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
-    const evo_sm90::KeyShare span = scheduler.key_span(keys);
-    probe.mark(trace::kProducerStart);
-    return [parts, span, &params, &shared] {
-        auto [tKg, tKs, tVg, tVs] = parts;
-        if (span.end - span.begin > Traits::kStages) __trap();   // the host's rule broken: fail, never hang
-        for (int i = first_key_tiles(span); i < span.end - span.begin; ++i) {
-            auto& full_k = shared.pipeline_k.full_barrier_[i];
-            auto& full_v = shared.pipeline_v.full_barrier_[i];
-            full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
-            copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k)), tKg(_, span.end - 1 - i), tKs(_, i));
-            full_v.arrive_and_expect_tx(Traits::kTmaBytesV);
-            copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
-        }
-    };
-}
-
+// before warp 0's set-up, +0.4; all in the first burst, +0.4; prepared before the landing and sent at
+// it, +0.2 (NOTES.md, runs 213-217). The arithmetic takes about 30 cycles, the four copies' issue
+// about 900 while the copy engine still serves the first burst (run 217): warp 0's lag.
 template <class Traits, bool kCausal>
 __device__ void send_rest_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                                 trace::Probe probe) {
-    rest_loads<Traits, kCausal>(params, shared, probe)();
+    static_assert(Traits::kNoProducer, "the producer's ring sends the rest elsewhere");
+    const TileScheduler<Traits, kCausal> scheduler{params};
+    const TileCoord tile = scheduler.coord(scheduler.first());
+    auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
+    const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
+    const evo_sm90::KeyShare span = scheduler.key_span(keys);
+    probe.mark(trace::kProducerStart);
+    if (span.end - span.begin > Traits::kStages) __trap();   // the host's rule broken: fail, never hang
+    for (int i = first_key_tiles(span); i < span.end - span.begin; ++i) {
+        auto& full_k = shared.pipeline_k.full_barrier_[i];
+        auto& full_v = shared.pipeline_v.full_barrier_[i];
+        full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
+        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k)), tKg(_, span.end - 1 - i), tKs(_, i));
+        full_v.arrive_and_expect_tx(Traits::kTmaBytesV);
+        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
+    }
 }
 
 // A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
@@ -428,18 +421,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
 
         int n = span.end - 1;
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
-#if V5_DEV_WIDE_PREP
-        if constexpr (Traits::kNoProducer) {
-            if (consumer_thread == 0) {
-                const auto send_rest = rest_loads<Traits, kCausal>(params, shared, probe);
-                shared.pipeline_k.full_barrier_[0].wait(0);
-                send_rest();
-            }
-        }
-#endif
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
-        if constexpr (Traits::kNoProducer && !V5_DEV_WIDE_PREP) {
+        if constexpr (Traits::kNoProducer) {
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared, probe);
         }
         turn.wait();

@@ -147,10 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-
-// Development (run 217): the wide kernel's thread 0 builds its rest loads' coordinates before the first
-// K lands and sends them at the landing (1).
-#ifndef V5_DEV_WIDE_PREP
-#define V5_DEV_WIDE_PREP 0
-#endif
