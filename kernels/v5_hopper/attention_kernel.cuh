@@ -258,10 +258,10 @@ __device__ bool prefetches_inputs() {
 
 // kEarlyLoads (and a CTA without a producer, past its barrier): thread 0 of a split CTA sends the
 // first loads itself: the prefetch, the PDL wait, then Q and the first key tiles into stages 0, 1
-// (an empty ring: nothing to acquire). So the CTA's first __syncthreads, the producer's register release and
-// its pipeline objects are off the path to its first load, which they were on for a CTA that
-// enters only as one of the previous grid's leaves (NOTES.md, runs 180-181). The K/V thread then
-// goes on from the third key tile, and the Q thread has nothing to do.
+// (an empty ring: nothing to acquire). So the CTA's first __syncthreads, the producer's register
+// release and its pipeline objects are off the path to its first load, which they were on for a
+// CTA that enters only as one of the previous grid's leaves (NOTES.md, runs 180-181). The K/V
+// thread then goes on from the third key tile, and the Q thread has nothing to do.
 template <class Traits, bool kCausal>
 __device__ void send_first_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                                  trace::Probe probe) {
@@ -299,8 +299,8 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
 // kernel only where a share fits the stages, so every stage is filled once and none is waited for.
 // Its place is measured: sent later, under the first Q K^T, +0.5 us on 2,8,512,64; sent by thread 0
 // before warp 0's set-up, +0.4; all in the first burst, +0.4; prepared before the landing and sent at
-// it, +0.2 (NOTES.md, runs 213-217). The arithmetic takes about 30 cycles, the four copies' issue
-// about 900 while the copy engine still serves the first burst (run 217): warp 0's lag.
+// it, +0.2 (NOTES.md, runs 213-217). The arithmetic takes about 30 cycles; issuing the four copies
+// while the copy engine still serves the first burst holds warp 0 about 650 (run 217).
 template <class Traits, bool kCausal>
 __device__ void send_rest_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                                 trace::Probe probe) {
@@ -399,8 +399,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     // One group (a 64-row split CTA) has no one to take turns with.
     // A free-issue kernel's groups never take turns (free_issue_d128_min_keys).
     // A split CTA without a producer runs its groups as two 64-row split CTAs would, sharing K and V.
-    constexpr bool kPingpong = Traits::kConsumerWarpGroups > 1 && !Traits::kFreeIssue && !Traits::kNoProducer &&
-                               (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
+    constexpr bool kPingpong = Traits::kConsumerWarpGroups > 1 && !Traits::kFreeIssue &&
+                               !Traits::kNoProducer && (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
     const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{consumer_thread / cutlass::NumThreadsPerWarpGroup};
 
     const TileScheduler<Traits, kCausal> scheduler{params};

@@ -45,7 +45,8 @@ struct KernelTraits {
     static constexpr bool kSeparateV = V5_HOPPER_KV_PRODUCERS == 2 && !kSplit;
     static constexpr int kConsumerWarpGroups = kBlockM / 64;
     static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
-    static constexpr int kThreads = kConsumerThreads + (kNoProducer ? 0 : cutlass::NumThreadsPerWarpGroup);  // + the producer
+    // + the producer group, unless kNoProducer
+    static constexpr int kThreads = kConsumerThreads + (kNoProducer ? 0 : cutlass::NumThreadsPerWarpGroup);
     static_assert(kConsumerWarpGroups >= 1 && kConsumerWarpGroups <= 3 && kBlockM % 64 == 0,
                   "64, 128 or 192 query rows per CTA");
     static_assert(kConsumerWarpGroups > 1 || kSplit, "64-row tiles only for the split kernels (split_block_m)");
@@ -206,9 +207,12 @@ struct KernelTraits {
     // at D=64 (four, split_stages_d64: 87 KB) and 106 KB at D=128, with two 128-key stages 86 KB at
     // D=64 and 171 KB at D=128 (split_block_n_d128: one to an SM); one CTA of more warp groups.
     static constexpr int kSmemCtasPerSm = 228 * 1024 / (kSmemBytes + 1024);
+    // A CTA without a producer: two to an SM where they fit (256 threads at 128 registers).
     static constexpr int kMinBlocksPerSm =
-        kNoProducer ? (kSmemCtasPerSm < 2 ? kSmemCtasPerSm : 2)
-        : kConsumerWarpGroups > 1 ? 1 : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm : V5_HOPPER_SPLIT_CTAS_PER_SM;
+        kNoProducer                 ? (kSmemCtasPerSm < 2 ? kSmemCtasPerSm : 2)
+        : kConsumerWarpGroups > 1   ? 1
+        : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm
+                                                       : V5_HOPPER_SPLIT_CTAS_PER_SM;
     // setmaxnreg budgets: the producer only issues copies; the consumers hold S, P and O. The
     // warp groups can only trade the registers the CTA was launched with (65536 / threads / CTAs
     // per SM, in steps of 8): 168 x 384 = 64512 for two consumer groups, 128 x 512 = 65536 for
