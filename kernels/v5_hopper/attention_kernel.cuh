@@ -299,11 +299,11 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
 // kernel only where a share fits the stages, so every stage is filled once and none is waited for.
 // Its place is measured: sent later, under the first Q K^T, +0.5 us on 2,8,512,64; sent by thread 0
 // before warp 0's set-up, +0.4; all in the first burst, +0.4; prepared before the landing and sent at
-// it, +0.2 (NOTES.md, runs 213-217). The arithmetic takes about 30 cycles; issuing the four copies
+// it, +0.2; a tile from each group's thread 0 at the landing, +0.47 (NOTES.md, runs 213-218). The arithmetic takes about 30 cycles; issuing the four copies
 // while the copy engine still serves the first burst holds warp 0 about 650 (run 217).
 template <class Traits, bool kCausal>
 __device__ void send_rest_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                                trace::Probe probe, int first = 0, int step = 1) {
+                                trace::Probe probe) {
     static_assert(Traits::kNoProducer, "the producer's ring sends the rest elsewhere");
     const TileScheduler<Traits, kCausal> scheduler{params};
     const TileCoord tile = scheduler.coord(scheduler.first());
@@ -312,7 +312,7 @@ __device__ void send_rest_loads(typename Traits::Params const& params, typename 
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
     probe.mark(trace::kProducerStart);
     if (span.end - span.begin > Traits::kStages) __trap();   // the host's rule broken: fail, never hang
-    for (int i = first_key_tiles(span) + first; i < span.end - span.begin; i += step) {
+    for (int i = first_key_tiles(span); i < span.end - span.begin; ++i) {
         auto& full_k = shared.pipeline_k.full_barrier_[i];
         auto& full_v = shared.pipeline_v.full_barrier_[i];
         full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
@@ -423,12 +423,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
-        if constexpr (Traits::kNoProducer && V5_DEV_WIDE_GROUP_REST) {
-            // Development (run 218): each group's thread 0 sends one of the rest's tiles at the landing.
-            if (consumer_thread % cutlass::NumThreadsPerWarpGroup == 0) {
-                send_rest_loads<Traits, kCausal>(params, shared, probe, turn.group, Traits::kConsumerWarpGroups);
-            }
-        } else if constexpr (Traits::kNoProducer) {
+        if constexpr (Traits::kNoProducer) {
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared, probe);
         }
         turn.wait();

@@ -147,9 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development (run 218): the wide kernel's rest loads, a tile a group, each sent by the group's thread 0
-// at its first K's landing (1).
-#ifndef V5_DEV_WIDE_GROUP_REST
-#define V5_DEV_WIDE_GROUP_REST 0
-#endif
