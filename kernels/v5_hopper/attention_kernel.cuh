@@ -299,8 +299,9 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
 // kernel only where a share fits the stages, so every stage is filled once and none is waited for.
 // Its place is measured: sent later, under the first Q K^T, +0.5 us on 2,8,512,64; sent by thread 0
 // before warp 0's set-up, +0.4; all in the first burst, +0.4; prepared before the landing and sent at
-// it, +0.2; a tile from each group's thread 0 at the landing, +0.47 (NOTES.md, runs 213-218). The arithmetic takes about 30 cycles; issuing the four copies
-// while the copy engine still serves the first burst holds warp 0 about 650 (run 217).
+// it, +0.2; a tile from each group's thread 0 at the landing, +0.47 (NOTES.md, runs 213-218). The
+// arithmetic takes about 30 cycles; issuing the four copies while the copy engine still serves the
+// first burst holds warp 0 about 650 (run 217), which may keep the two groups usefully out of phase.
 template <class Traits, bool kCausal>
 __device__ void send_rest_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                                 trace::Probe probe) {
