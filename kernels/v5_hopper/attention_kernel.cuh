@@ -401,7 +401,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     // A free-issue kernel's groups never take turns (free_issue_d128_min_keys).
     // A split CTA without a producer runs its groups as two 64-row split CTAs would, sharing K and V.
     constexpr bool kPingpong = Traits::kConsumerWarpGroups > 1 && !Traits::kFreeIssue &&
-                               !Traits::kNoProducer && (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
+                               (!Traits::kNoProducer || V5_DEV_WIDE_PINGPONG) &&
+                               (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
     const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{consumer_thread / cutlass::NumThreadsPerWarpGroup};
 
     const TileScheduler<Traits, kCausal> scheduler{params};
