@@ -399,10 +399,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     // measured 5% faster, on the causal ones 1-3% slower (NOTES.md, run 10).
     // One group (a 64-row split CTA) has no one to take turns with.
     // A free-issue kernel's groups never take turns (free_issue_d128_min_keys).
-    // A split CTA without a producer runs its groups as two 64-row split CTAs would, sharing K and V.
+    // A split CTA without a producer runs its groups as two 64-row split CTAs would, sharing K and V
+    // (with turns it measured 0.55 us slower on 2,8,512,64: NOTES.md, run 219).
     constexpr bool kPingpong = Traits::kConsumerWarpGroups > 1 && !Traits::kFreeIssue &&
-                               (!Traits::kNoProducer || V5_DEV_WIDE_PINGPONG) &&
-                               (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
+                               !Traits::kNoProducer && (kCausal ? V5_HOPPER_PINGPONG : V5_HOPPER_PINGPONG_FULL);
     const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{consumer_thread / cutlass::NumThreadsPerWarpGroup};
 
     const TileScheduler<Traits, kCausal> scheduler{params};

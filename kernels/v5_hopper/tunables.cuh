@@ -147,8 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development (run 219): the wide kernel's two groups take turns issuing their products (1).
-#ifndef V5_DEV_WIDE_PINGPONG
-#define V5_DEV_WIDE_PINGPONG 0
-#endif
