@@ -256,6 +256,26 @@ __device__ bool prefetches_inputs() {
     }
 }
 
+// Thread 0's K/V copies of a split CTA's share, sent without a producer ring (one query tile, so no
+// stage is refilled and none needs acquiring): share tiles [from, to), key tile span.end - 1 - i into
+// stage i. `parts` is key_value_partitions' (TMA sources, stages) of K and V. Inlined by force: as a
+// call-site choice of the compiler, the wide kernel's copies were unrolled differently (104 more
+// instructions) from the code runs 209-219 measured.
+template <class Traits, class Parts>
+__device__ __forceinline__ void send_key_tiles(typename Traits::Params const& params,
+                                               typename Traits::SharedStorage& shared, Parts const& parts,
+                                               evo_sm90::KeyShare span, int from, int to) {
+    auto [tKg, tKs, tVg, tVs] = parts;
+    for (int i = from; i < to; ++i) {
+        auto& full_k = shared.pipeline_k.full_barrier_[i];
+        auto& full_v = shared.pipeline_v.full_barrier_[i];
+        full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
+        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k)), tKg(_, span.end - 1 - i), tKs(_, i));
+        full_v.arrive_and_expect_tx(Traits::kTmaBytesV);
+        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
+    }
+}
+
 // kEarlyLoads (and a CTA without a producer, past its barrier): thread 0 of a split CTA sends the
 // first loads itself: the prefetch, the PDL wait, then Q and the first key tiles into stages 0, 1
 // (an empty ring: nothing to acquire). So the CTA's first __syncthreads, the producer's register
@@ -269,7 +289,7 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
     if (prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
     const TileScheduler<Traits, kCausal> scheduler{params};
     const TileCoord tile = scheduler.coord(scheduler.first());
-    auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
+    auto parts = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                     group_modes<0, 2>(query_tile<Traits>(params, tile)));
@@ -282,15 +302,7 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
     Traits::BarrierQ::arrive_and_expect_tx(&shared.barrier_q[0], Traits::kTmaBytesQ);
     copy(params.tma_q.with(shared.barrier_q[0]), tQg, tQs(_, 0));
     probe.mark(trace::kQIssued);
-    const int sent = first_key_tiles(span);
-    for (int i = 0; i < sent; ++i) {
-        auto& full_k = shared.pipeline_k.full_barrier_[i];
-        auto& full_v = shared.pipeline_v.full_barrier_[i];
-        full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
-        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k)), tKg(_, span.end - 1 - i), tKs(_, i));
-        full_v.arrive_and_expect_tx(Traits::kTmaBytesV);
-        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
-    }
+    send_key_tiles<Traits>(params, shared, parts, span, 0, first_key_tiles(span));
     probe.mark(trace::kKvIssued);
 }
 
@@ -308,19 +320,12 @@ __device__ void send_rest_loads(typename Traits::Params const& params, typename 
     static_assert(Traits::kNoProducer, "the producer's ring sends the rest elsewhere");
     const TileScheduler<Traits, kCausal> scheduler{params};
     const TileCoord tile = scheduler.coord(scheduler.first());
-    auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
+    auto parts = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
     const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
     probe.mark(trace::kProducerStart);
     if (span.end - span.begin > Traits::kStages) __trap();   // the host's rule broken: fail, never hang
-    for (int i = first_key_tiles(span); i < span.end - span.begin; ++i) {
-        auto& full_k = shared.pipeline_k.full_barrier_[i];
-        auto& full_v = shared.pipeline_v.full_barrier_[i];
-        full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
-        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k)), tKg(_, span.end - 1 - i), tKs(_, i));
-        full_v.arrive_and_expect_tx(Traits::kTmaBytesV);
-        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
-    }
+    send_key_tiles<Traits>(params, shared, parts, span, first_key_tiles(span), span.end - span.begin);
 }
 
 // A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
