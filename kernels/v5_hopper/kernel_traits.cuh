@@ -45,8 +45,11 @@ struct KernelTraits {
     static constexpr bool kSeparateV = V5_HOPPER_KV_PRODUCERS == 2 && !kSplit;
     static constexpr int kConsumerWarpGroups = kBlockM / 64;
     static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
+    // V5_DEV_WIDE_LOADER: a CTA without a producer group has one loading warp after its consumers.
+    static constexpr bool kLoaderWarp = kNoProducer && V5_DEV_WIDE_LOADER > 0;
     // + the producer group, unless kNoProducer
-    static constexpr int kThreads = kConsumerThreads + (kNoProducer ? 0 : cutlass::NumThreadsPerWarpGroup);
+    static constexpr int kThreads =
+        kConsumerThreads + (kNoProducer ? (kLoaderWarp ? 32 : 0) : cutlass::NumThreadsPerWarpGroup);
     static_assert(kConsumerWarpGroups >= 1 && kConsumerWarpGroups <= 3 && kBlockM % 64 == 0,
                   "64, 128 or 192 query rows per CTA");
     static_assert(kConsumerWarpGroups > 1 || kSplit, "64-row tiles only for the split kernels (split_block_m)");

@@ -147,3 +147,9 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
+
+// Development macro (off): the wide split kernel (split_wide) gets a ninth warp that sends every load
+// (288 threads, 112 registers, no setmaxnreg), so no consumer warp issues a copy (NOTES.md, run 220).
+#ifndef V5_DEV_WIDE_LOADER
+#define V5_DEV_WIDE_LOADER 0
+#endif
