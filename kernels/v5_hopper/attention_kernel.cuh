@@ -691,7 +691,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         if constexpr (Traits::kLoaderWarp) {
             if (cute::elect_one_sync()) {
                 send_first_loads<Traits, kCausal>(params, shared, trace::Probe{});
-                shared.pipeline_k.full_barrier_[0].wait(0);
+                if (V5_DEV_WIDE_LOADER == 1) shared.pipeline_k.full_barrier_[0].wait(0);
                 send_rest_loads<Traits, kCausal>(params, shared, trace::Probe{});
             }
         }

@@ -149,7 +149,8 @@
 #endif
 
 // Development macro (off): the wide split kernel (split_wide) gets a ninth warp that sends every load
-// (288 threads, 112 registers, no setmaxnreg), so no consumer warp issues a copy (NOTES.md, run 220).
+// (288 threads, 96 registers, no setmaxnreg), so no consumer warp issues a copy (NOTES.md, run 220):
+// 1 sends the rest once the first K lands, as thread 0 did; 2 sends it right after the first burst.
 #ifndef V5_DEV_WIDE_LOADER
 #define V5_DEV_WIDE_LOADER 0
 #endif
