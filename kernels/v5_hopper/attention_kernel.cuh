@@ -689,15 +689,17 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         }
     } else if (Traits::kLoaderWarp && int(threadIdx.x) >= Traits::kConsumerThreads) {
         if constexpr (Traits::kLoaderWarp) {
-            if (cute::elect_one_sync()) {
+            if constexpr (Traits::kLoaderTrades) cutlass::arch::warpgroup_reg_dealloc<24>();
+            if (int(threadIdx.x) < Traits::kConsumerThreads + 32 && cute::elect_one_sync()) {
                 send_first_loads<Traits, kCausal>(params, shared, trace::Probe{});
-                if (V5_DEV_WIDE_LOADER == 1) shared.pipeline_k.full_barrier_[0].wait(0);
+                if (V5_DEV_WIDE_LOADER != 2) shared.pipeline_k.full_barrier_[0].wait(0);
                 send_rest_loads<Traits, kCausal>(params, shared, trace::Probe{});
             }
         }
     } else {
-        if constexpr (Traits::kNoProducer && !Traits::kLoaderWarp) {
-            if (threadIdx.x == 0) send_first_loads<Traits, kCausal>(params, shared, probe);
+        if constexpr (Traits::kNoProducer) {
+            if (!Traits::kLoaderWarp && threadIdx.x == 0) send_first_loads<Traits, kCausal>(params, shared, probe);
+            if constexpr (Traits::kLoaderTrades) cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
         } else if constexpr (!kKeepLaunchRegisters) {
             cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
         }
