@@ -1008,3 +1008,47 @@ def test_check_variant_runs_every_tool_on_the_target_with_the_variants_shapes(tm
     assert target[target.index("--variant-dir") + 1] == str(v5.folder)
     assert target[target.index("--S") + 1] == "67"
     assert target[target.index("--card") + 1] == str(tmp_path / "logs" / "card.json")
+    assert target[target.index("--shapes") + 1] == ";".join(f"{s['B']},{s['H']},{s['S']}" for s in v5.sanitizer_shapes)
+
+
+def test_check_variant_passes_shapes_the_variant_object_was_given(tmp_path):
+    """A variant whose sanitizer_shapes were replaced in memory (a GPU test's chosen grid) has those
+    shapes run, not variant.yaml's: the target once read them from the folder, so the verdict recorded
+    shapes that never ran (NOTES.md of v5_hopper, run 220)."""
+    import dataclasses
+
+    from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text("#!/usr/bin/env python3\nimport json, sys\n"
+                    "log = sys.argv[sys.argv.index('--log-file') + 1]\n"
+                    "open(log, 'w').write('========= ERROR SUMMARY: 0 errors\\n')\n"
+                    "print(json.dumps(sys.argv[1:]))\n")
+    fake.chmod(0o755)
+    v5 = load_variant(KERNELS_DIR / "v5_hopper")
+    for chosen, text in (([{"B": 2, "H": 8, "S": 512}], "2,8,512"), ([], "")):
+        variant = dataclasses.replace(v5, meta={**v5.meta, "sanitizer_shapes": chosen})
+        cfg = {"tools": ["memcheck"], "padding_bytes": 256, "shape": {"B": 1, "H": 2, "S": 67}}
+        logs = tmp_path / f"logs{len(chosen)}"
+        result = sanitizer.check_variant(str(fake), cfg, variant, tmp_path / "verdict.json", logs)
+        argv = json.loads((logs / "memcheck.stdout.log").read_text())
+        assert argv[argv.index("--shapes") + 1] == text
+        assert result["variant_shapes"] == chosen
+
+
+def test_the_sanitizer_target_runs_the_shapes_it_is_given():
+    """--shapes replaces the variant's sanitizer_shapes (empty: the small shape alone); a malformed
+    list is refused with the form it expects."""
+    import argparse
+
+    import sanitizer_target
+    from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+    v5 = load_variant(KERNELS_DIR / "v5_hopper")
+    assert sanitizer_target.parse_shapes("2,8,512;1,2,520") == [{"B": 2, "H": 8, "S": 512}, {"B": 1, "H": 2, "S": 520}]
+    assert sanitizer_target.parse_shapes("") == []
+    with pytest.raises(argparse.ArgumentTypeError, match="B,H,S shapes joined by ';'"):
+        sanitizer_target.parse_shapes("2,8")
+    per_shape = len(v5.support["dtypes"]) * len(v5.support["head_dims"]) * len(v5.support["causal"])
+    ran = [shape for shape, *_ in sanitizer_target.configurations(v5, 1, 2, 67, [{"B": 2, "H": 8, "S": 512}])]
+    assert ran == [{"B": 1, "H": 2, "S": 67}] * per_shape + [{"B": 2, "H": 8, "S": 512}] * per_shape

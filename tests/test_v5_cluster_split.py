@@ -166,7 +166,9 @@ def test_racecheck_follows_the_pushes(split_build, tmp_path, monkeypatch, shape)
     variant = dataclasses.replace(variant, meta={**variant.meta, "sanitizer_shapes": chosen})
     result = sanitizer.check_variant(tool, cfg, variant, build, tmp_path / "logs")
     assert result["status"] == "pass", result
-    assert result["variant_shapes"] == chosen   # that shape ran too
+    assert result["variant_shapes"] == chosen
+    # ... and ran: the target once took its shapes from variant.yaml and left this one out (run 220).
+    assert f"ran {chosen[0]}" in (tmp_path / "logs" / "racecheck.stdout.log").read_text()
 
 
 @pytest.mark.gpu

@@ -430,7 +430,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
-        if constexpr (Traits::kNoProducer && !Traits::kLoaderWarp) {
+        if constexpr (Traits::kNoProducer) {
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared, probe);
         }
         turn.wait();
@@ -687,19 +687,9 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
                                 Shape<_1, _1, _1>{}, cute::false_type{});
             produce_kv<Traits, kCausal, Rings::kV>(params, shared, pipeline_k, pipeline_v, trace::Probe{});
         }
-    } else if (Traits::kLoaderWarp && int(threadIdx.x) >= Traits::kConsumerThreads) {
-        if constexpr (Traits::kLoaderWarp) {
-            if constexpr (Traits::kLoaderTrades) cutlass::arch::warpgroup_reg_dealloc<24>();
-            if (int(threadIdx.x) < Traits::kConsumerThreads + 32 && cute::elect_one_sync()) {
-                send_first_loads<Traits, kCausal>(params, shared, trace::Probe{});
-                if (V5_DEV_WIDE_LOADER != 2) shared.pipeline_k.full_barrier_[0].wait(0);
-                send_rest_loads<Traits, kCausal>(params, shared, trace::Probe{});
-            }
-        }
     } else {
         if constexpr (Traits::kNoProducer) {
-            if (!Traits::kLoaderWarp && threadIdx.x == 0) send_first_loads<Traits, kCausal>(params, shared, probe);
-            if constexpr (Traits::kLoaderTrades) cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
+            if (threadIdx.x == 0) send_first_loads<Traits, kCausal>(params, shared, probe);
         } else if constexpr (!kKeepLaunchRegisters) {
             cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();
         }

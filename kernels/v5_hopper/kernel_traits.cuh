@@ -45,13 +45,8 @@ struct KernelTraits {
     static constexpr bool kSeparateV = V5_HOPPER_KV_PRODUCERS == 2 && !kSplit;
     static constexpr int kConsumerWarpGroups = kBlockM / 64;
     static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
-    // V5_DEV_WIDE_LOADER: a CTA without a producer group has one loading warp after its consumers
-    // (3: in a warp group of its own that gives its registers to the consumers by setmaxnreg).
-    static constexpr bool kLoaderWarp = kNoProducer && V5_DEV_WIDE_LOADER > 0;
-    static constexpr bool kLoaderTrades = kLoaderWarp && V5_DEV_WIDE_LOADER == 3;
-    static constexpr int kLoaderThreads = kLoaderTrades ? cutlass::NumThreadsPerWarpGroup : kLoaderWarp ? 32 : 0;
     // + the producer group, unless kNoProducer
-    static constexpr int kThreads = kConsumerThreads + (kNoProducer ? kLoaderThreads : cutlass::NumThreadsPerWarpGroup);
+    static constexpr int kThreads = kConsumerThreads + (kNoProducer ? 0 : cutlass::NumThreadsPerWarpGroup);
     static_assert(kConsumerWarpGroups >= 1 && kConsumerWarpGroups <= 3 && kBlockM % 64 == 0,
                   "64, 128 or 192 query rows per CTA");
     static_assert(kConsumerWarpGroups > 1 || kSplit, "64-row tiles only for the split kernels (split_block_m)");
@@ -228,8 +223,7 @@ struct KernelTraits {
     // which lets three consumer groups have 160 (at 152 the 192-row D=64 kernels spilled 48 bytes).
     static constexpr int kProducerRegisters = kConsumerWarpGroups == 2 ? 40 : 32;
     static constexpr int kConsumerRegisters =
-        kLoaderTrades ? (3 * kLaunchRegisters - 24) / 2 / 8 * 8
-        : kConsumerWarpGroups == 2 ? 232
+        kConsumerWarpGroups == 2 ? 232
         : kConsumerWarpGroups == 3 ? 160
         : (2 * kLaunchRegisters - kProducerRegisters < 240 ? 2 * kLaunchRegisters - kProducerRegisters : 240);
     static_assert(kNoProducer || kProducerRegisters + kConsumerWarpGroups * kConsumerRegisters <=

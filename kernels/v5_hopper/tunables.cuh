@@ -147,10 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): the wide split kernel (split_wide) gets a ninth warp that sends every load
-// (288 threads, 96 registers, no setmaxnreg), so no consumer warp issues a copy (NOTES.md, run 220):
-// 1 sends the rest once the first K lands, as thread 0 did; 2 sends it right after the first burst.
-#ifndef V5_DEV_WIDE_LOADER
-#define V5_DEV_WIDE_LOADER 0
-#endif

@@ -117,6 +117,10 @@ def check_variant(sanitizer: str, cfg: dict, variant, build_verdict: Path, log_d
     target = [sys.executable, str(TARGET), "--variant", variant.name, "--variant-dir", str(variant.folder),
               "--build", str(build_verdict),
               "--B", str(cfg["shape"]["B"]), "--H", str(cfg["shape"]["H"]), "--S", str(cfg["shape"]["S"])]
+    # The shapes go on the command line: the target would otherwise read them from variant.yaml on
+    # disk, and a variant object given other shapes (a test, a candidate) would record shapes that
+    # never ran.
+    target += ["--shapes", ";".join(f"{s['B']},{s['H']},{s['S']}" for s in variant.sanitizer_shapes)]
     target += ["--card", str(card)] if card else []
     log_dir.mkdir(parents=True, exist_ok=True)
     result = verdict(run_tools(sanitizer, cfg["tools"], cfg["padding_bytes"], target, log_dir))
