@@ -984,17 +984,23 @@ def test_imports_cache_reparses_only_an_edited_file(tmp_path, monkeypatch):
     assert deps.ImportsCache(tmp_path / "imports.json").imports(source, False) == ["io", "report"]
 
 
-def test_check_variant_runs_every_tool_on_the_target_with_the_variants_shapes(tmp_path):
-    """One call per tool, each over sanitizer_target.py with the config's shape and the variant's
-    folder (whose sanitizer_shapes the target adds); the verdict records both kinds of shape."""
-    from evo_sdpa.variants import KERNELS_DIR, load_variant
-
-    fake = tmp_path / "compute-sanitizer"
+def fake_sanitizer(folder):
+    """A compute-sanitizer stand-in that finds nothing and prints the command line it was given."""
+    fake = folder / "compute-sanitizer"
     fake.write_text("#!/usr/bin/env python3\nimport json, sys\n"
                     "log = sys.argv[sys.argv.index('--log-file') + 1]\n"
                     "open(log, 'w').write('========= ERROR SUMMARY: 0 errors\\n')\n"
                     "print(json.dumps(sys.argv[1:]))\n")
     fake.chmod(0o755)
+    return fake
+
+
+def test_check_variant_runs_every_tool_on_the_target_with_the_variants_shapes(tmp_path):
+    """One call per tool, each over sanitizer_target.py with the config's shape and the variant's
+    folder (whose sanitizer_shapes the target adds); the verdict records both kinds of shape."""
+    from evo_sdpa.variants import KERNELS_DIR, load_variant
+
+    fake = fake_sanitizer(tmp_path)
     v5 = load_variant(KERNELS_DIR / "v5_hopper")
     cfg = {"tools": ["memcheck", "racecheck"], "padding_bytes": 256, "shape": {"B": 1, "H": 2, "S": 67}}
     result = sanitizer.check_variant(str(fake), cfg, v5, tmp_path / "verdict.json", tmp_path / "logs",
@@ -1019,12 +1025,7 @@ def test_check_variant_passes_shapes_the_variant_object_was_given(tmp_path):
 
     from evo_sdpa.variants import KERNELS_DIR, load_variant
 
-    fake = tmp_path / "compute-sanitizer"
-    fake.write_text("#!/usr/bin/env python3\nimport json, sys\n"
-                    "log = sys.argv[sys.argv.index('--log-file') + 1]\n"
-                    "open(log, 'w').write('========= ERROR SUMMARY: 0 errors\\n')\n"
-                    "print(json.dumps(sys.argv[1:]))\n")
-    fake.chmod(0o755)
+    fake = fake_sanitizer(tmp_path)
     v5 = load_variant(KERNELS_DIR / "v5_hopper")
     for chosen, text in (([{"B": 2, "H": 8, "S": 512}], "2,8,512"), ([], "")):
         variant = dataclasses.replace(v5, meta={**v5.meta, "sanitizer_shapes": chosen})
