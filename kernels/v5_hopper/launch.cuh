@@ -268,18 +268,15 @@ struct Kernels {
 
     // Where the 64-row split grid (of `splits` ranks) has more CTAs than SMs and the wide one fits them
     // once over with every share in its stages: the wide kernel, so the next call finds a slot on every
-    // SM, enters early and prefetches (NOTES.md, runs 209-210: -0.06 to -0.1 us on 2,8,512,64).
+    // SM, enters early and prefetches (NOTES.md, runs 209-210: -0.06 to -0.1 us on 2,8,512,64). Called
+    // only where split_wide is on at D=64 (full), so no other build instantiates the wide kernel.
     static bool runs_wide(int64_t heads_total, int seq_len, int splits) {
-        if constexpr (V5_HOPPER_SPLIT_WIDE && kHeadDim == 64) {
-            const int64_t sms = sm_count();
-            const int64_t wide_tiles = (seq_len + WideSplit::kBlockM - 1) / WideSplit::kBlockM * heads_total;
-            const int key_tiles = (seq_len + WideSplit::kBlockN - 1) / WideSplit::kBlockN;
-            if (splits != 2 || split_m_blocks(seq_len) * heads_total * splits <= sms) return false;
-            if (wide_tiles * splits > sms || (key_tiles + splits - 1) / splits > WideSplit::kStages) return false;
-            return WideSplit::kMinBlocksPerSm >= 2 && wide_tiles <= max_active_clusters<WideSplit, false>(splits);
-        } else {
-            return false;
-        }
+        const int64_t sms = sm_count();
+        const int64_t wide_tiles = (seq_len + WideSplit::kBlockM - 1) / WideSplit::kBlockM * heads_total;
+        const int key_tiles = (seq_len + WideSplit::kBlockN - 1) / WideSplit::kBlockN;
+        if (splits != 2 || split_m_blocks(seq_len) * heads_total * splits <= sms) return false;
+        if (wide_tiles * splits > sms || (key_tiles + splits - 1) / splits > WideSplit::kStages) return false;
+        return WideSplit::kMinBlocksPerSm >= 2 && wide_tiles <= max_active_clusters<WideSplit, false>(splits);
     }
 
     static int unsplit(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads,
