@@ -342,6 +342,18 @@ __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Trai
     }
 }
 
+// V5_DEV_QK_AHEAD (development, off): the D=64 split kernels with a producer issue each next tile's
+// Q K^T before the current tile's softmax, which reads a copy of S, so the product's latency runs
+// under the softmax instead of before it.
+template <class Traits>
+constexpr bool kQkAhead = V5_DEV_QK_AHEAD > 0 && Traits::kSplit && !Traits::kNoProducer && Traits::kHeadDim == 64;
+
+template <class From, class To>
+__device__ __forceinline__ void copy_scores(From const& from, To& to) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(from); ++i) to(i) = from(i);
+}
+
 // ptxas schedules a wgmma wait as early as its basic block allows: in the key loop, P V's wait
 // came right after the first FMNMX of the softmax (NOTES.md, run 17). A branch on the softmax's
 // last sum ends the block there, so the wait follows the whole softmax and P V runs under it.
@@ -394,6 +406,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         }
     };
     Tensor o_rc = rowcol_view(tOrO);
+    // kQkAhead: the copy of S the softmax reads while the next tile's Q K^T writes S.
+    Tensor tSrSc = make_fragment_like(tSrS);
+    Tensor sc_rc = rowcol_view(tSrSc);
     Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
     constexpr int kRows = decltype(size<0>(s_rc))::value;
     // One optimistic vote for both of a thread's rows (OnlineSoftmax::update_optimistic) in the split
@@ -425,6 +440,16 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
         if (tile_count == 0) probe.mark(trace::kQReady);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
+        // kQkAhead: tile n - 1's Q K^T into S, issued before tile n's softmax. Past the share's last
+        // tile it repeats tile n's (whose stage is still held), so every pass has the same batches
+        // and the loop one body; that product is never read.
+        const auto issue_next_qk = [&](int n_now) {
+            auto ahead = read_k;
+            ++ahead;
+            const bool more = n_now - 1 >= span.begin;
+            if (more) pipeline_k.consumer_wait(ahead);
+            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, more ? ahead.index() : read_k.index()), tSrS);
+        };
 
         int n = span.end - 1;
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
@@ -439,16 +464,25 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         if (tile_count == 0) probe.mark(trace::kFirstS);
-        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-        if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
         // In the split kernels each tile's P waits in its own fragment until the next pass, which
         // converts it, with O's rescale vote, under its Q K^T (FA3's order within a warp group):
         // the pass's end then has only the P V wait (NOTES.md, runs 162-163).
         constexpr bool kConvertUnderQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong;
-        if constexpr (kConvertUnderQk) {
-            softmax.first_update_into(s_rc, p_rc, o_scale);
+        constexpr bool kAhead = kQkAhead<Traits> && kConvertUnderQk;
+        if constexpr (kAhead) {
+            // The next tile's Q K^T runs under this softmax, which reads a copy of S.
+            copy_scores(tSrS, tSrSc);
+            issue_next_qk(n);
+            if (keys.needs_mask(n)) keys.apply(sc_rc, coord_rc, n);
+            softmax.first_update_into(sc_rc, p_rc, o_scale);
         } else {
-            softmax.template update<true>(s_rc, o_scale);
+            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+            if constexpr (kConvertUnderQk) {
+                softmax.first_update_into(s_rc, p_rc, o_scale);
+            } else {
+                softmax.template update<true>(s_rc, o_scale);
+            }
         }
         if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
         // At D=64 the next grid may start launching after the first softmax: there its CTAs' prologue,
@@ -456,6 +490,11 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
         // measured 0.05 us slower (NOTES.md, runs 120-121). The first invocation in a CTA counts.
         if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
+        if constexpr (kAhead) {
+            warpgroup_wait<0>();   // the next tile's S has landed
+            warpgroup_fence_operand(tSrS);
+            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+        }
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);   // kConvertUnderQk: the first pass converts P
         auto read_v = read_k;
         ++read_k;
@@ -473,6 +512,28 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             ++pass;
 #endif
             V5_STEP_PROBE(kStep1Top);
+            if constexpr (kAhead) {
+                // S holds tile n's scores (the previous pass's look-ahead, complete).
+                copy_scores(tSrS, tSrSc);
+                issue_next_qk(n);
+                if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
+                tOrP = p_operand();
+                pipeline_v.consumer_wait(read_v);
+                warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
+                V5_STEP_PROBE(kStep1S);
+                if (keys.needs_mask(n)) keys.apply(sc_rc, coord_rc, n);
+                rescaled_last = softmax.template update_optimistic<kOneVote>(sc_rc, p_rc, o_scale);
+                V5_STEP_PROBE(kStep1Softmax);
+                warpgroup_wait<0>();   // the look-ahead's S and this P V
+                warpgroup_fence_operand(tSrS);
+                warpgroup_fence_operand(tOrO);
+                V5_STEP_PROBE(kStep1Pv);
+                release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+                release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
+                read_v = read_k;
+                ++read_k;
+                continue;
+            }
             pipeline_k.consumer_wait(read_k);
             pipeline_v.consumer_wait(read_v);
             turn.wait();
