@@ -470,11 +470,13 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         constexpr bool kConvertUnderQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong;
         constexpr bool kAhead = kQkAhead<Traits> && kConvertUnderQk;
         if constexpr (kAhead) {
-            // The next tile's Q K^T runs under this softmax, which reads a copy of S.
+            // The next tile's Q K^T runs under this softmax, which reads a copy of S (with
+            // V5_DEV_QK_AHEAD=2 it is issued after it, so the first softmax waits for no second K).
             copy_scores(tSrS, tSrSc);
-            issue_next_qk(n);
+            if constexpr (V5_DEV_QK_AHEAD == 1) issue_next_qk(n);
             if (keys.needs_mask(n)) keys.apply(sc_rc, coord_rc, n);
             softmax.first_update_into(sc_rc, p_rc, o_scale);
+            if constexpr (V5_DEV_QK_AHEAD == 2) issue_next_qk(n);
         } else {
             release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
