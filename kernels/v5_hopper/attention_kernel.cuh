@@ -137,6 +137,12 @@ __device__ auto key_value_partitions(typename Traits::Params const& params, Tile
     return cute::make_tuple(tKg, tKs, tVg, tVs);
 }
 
+// V5_DEV_QK_AHEAD (development, off): the D=64 split kernels with a producer issue each next tile's
+// Q K^T before the current tile's softmax, which reads a copy of S, so the product's latency runs
+// under the softmax instead of before it. With 3 the first burst sends three key tiles, not two.
+template <class Traits>
+constexpr bool kQkAhead = V5_DEV_QK_AHEAD > 0 && Traits::kSplit && !Traits::kNoProducer && Traits::kHeadDim == 64;
+
 // A split CTA's first loads: Q and this many key tiles, sent at once (the rest as produce_kv says).
 constexpr int kFirstKeyTiles = 2;
 __device__ __forceinline__ int first_key_tiles(evo_sm90::KeyShare const& span) {
@@ -183,7 +189,8 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
             // later (0.64 us, NOTES.md, run 38); sent as stages came free, the V refills landed
             // just as the steps needed them (runs 125-126).
             if constexpr (Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
-                if (n == span.end - 1 - kFirstKeyTiles) {
+                constexpr int kBurst = kQkAhead<Traits> && V5_DEV_QK_AHEAD == 3 ? 3 : kFirstKeyTiles;
+                if (n == span.end - 1 - kBurst) {
                     const auto first_stage = cutlass::make_producer_start_state<typename Traits::Pipeline>();
                     cutlass::arch::ClusterTransactionBarrier::wait(pipeline_k.producer_get_barrier(first_stage), 0);
                 }
@@ -342,12 +349,6 @@ __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Trai
     }
 }
 
-// V5_DEV_QK_AHEAD (development, off): the D=64 split kernels with a producer issue each next tile's
-// Q K^T before the current tile's softmax, which reads a copy of S, so the product's latency runs
-// under the softmax instead of before it.
-template <class Traits>
-constexpr bool kQkAhead = V5_DEV_QK_AHEAD > 0 && Traits::kSplit && !Traits::kNoProducer && Traits::kHeadDim == 64;
-
 template <class From, class To>
 __device__ __forceinline__ void copy_scores(From const& from, To& to) {
     CUTLASS_PRAGMA_UNROLL
@@ -473,7 +474,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             // The next tile's Q K^T runs under this softmax, which reads a copy of S (with
             // V5_DEV_QK_AHEAD=2 it is issued after it, so the first softmax waits for no second K).
             copy_scores(tSrS, tSrSc);
-            if constexpr (V5_DEV_QK_AHEAD == 1) issue_next_qk(n);
+            if constexpr (V5_DEV_QK_AHEAD != 2) issue_next_qk(n);
             if (keys.needs_mask(n)) keys.apply(sc_rc, coord_rc, n);
             softmax.first_update_into(sc_rc, p_rc, o_scale);
             if constexpr (V5_DEV_QK_AHEAD == 2) issue_next_qk(n);
