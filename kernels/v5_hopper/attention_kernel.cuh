@@ -349,6 +349,7 @@ __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Trai
     }
 }
 
+// kQkAhead's copy of S for the softmax (ptxas places the moves right after the previous pass's wait).
 template <class From, class To>
 __device__ __forceinline__ void copy_scores(From const& from, To& to) {
     CUTLASS_PRAGMA_UNROLL
