@@ -349,13 +349,6 @@ __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Trai
     }
 }
 
-// kQkAhead's copy of S for the softmax (ptxas places the moves right after the previous pass's wait).
-template <class From, class To>
-__device__ __forceinline__ void copy_scores(From const& from, To& to) {
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(from); ++i) to(i) = from(i);
-}
-
 // ptxas schedules a wgmma wait as early as its basic block allows: in the key loop, P V's wait
 // came right after the first FMNMX of the softmax (NOTES.md, run 17). A branch on the softmax's
 // last sum ends the block there, so the wait follows the whole softmax and P V runs under it.
@@ -408,7 +401,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         }
     };
     Tensor o_rc = rowcol_view(tOrO);
-    // kQkAhead: the copy of S the softmax reads while the next tile's Q K^T writes S.
+    // kQkAhead: the copy of S the softmax reads while the next tile's Q K^T writes S (ptxas places the
+    // moves right after the previous pass's wait).
     Tensor tSrSc = make_fragment_like(tSrS);
     Tensor sc_rc = rowcol_view(tSrSc);
     Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
@@ -474,7 +468,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if constexpr (kAhead) {
             // The next tile's Q K^T runs under this softmax, which reads a copy of S (with
             // V5_DEV_QK_AHEAD=2 it is issued after it, so the first softmax waits for no second K).
-            copy_scores(tSrS, tSrSc);
+            copy(tSrS, tSrSc);
             if constexpr (V5_DEV_QK_AHEAD != 2) issue_next_qk(n);
             if (keys.needs_mask(n)) keys.apply(sc_rc, coord_rc, n);
             softmax.first_update_into(sc_rc, p_rc, o_scale);
@@ -518,7 +512,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             V5_STEP_PROBE(kStep1Top);
             if constexpr (kAhead) {
                 // S holds tile n's scores (the previous pass's look-ahead, complete).
-                copy_scores(tSrS, tSrSc);
+                copy(tSrS, tSrSc);
                 issue_next_qk(n);
                 if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
                 tOrP = p_operand();
