@@ -137,12 +137,6 @@ __device__ auto key_value_partitions(typename Traits::Params const& params, Tile
     return cute::make_tuple(tKg, tKs, tVg, tVs);
 }
 
-// V5_DEV_QK_AHEAD (development, off): the D=64 split kernels with a producer issue each next tile's
-// Q K^T before the current tile's softmax, which reads a copy of S, so the product's latency runs
-// under the softmax instead of before it. With 3 the first burst sends three key tiles, not two.
-template <class Traits>
-constexpr bool kQkAhead = V5_DEV_QK_AHEAD > 0 && Traits::kSplit && !Traits::kNoProducer && Traits::kHeadDim == 64;
-
 // A split CTA's first loads: Q and this many key tiles, sent at once (the rest as produce_kv says).
 constexpr int kFirstKeyTiles = 2;
 __device__ __forceinline__ int first_key_tiles(evo_sm90::KeyShare const& span) {
@@ -189,8 +183,7 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
             // later (0.64 us, NOTES.md, run 38); sent as stages came free, the V refills landed
             // just as the steps needed them (runs 125-126).
             if constexpr (Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
-                constexpr int kBurst = kQkAhead<Traits> && V5_DEV_QK_AHEAD == 3 ? 3 : kFirstKeyTiles;
-                if (n == span.end - 1 - kBurst) {
+                if (n == span.end - 1 - kFirstKeyTiles) {
                     const auto first_stage = cutlass::make_producer_start_state<typename Traits::Pipeline>();
                     cutlass::arch::ClusterTransactionBarrier::wait(pipeline_k.producer_get_barrier(first_stage), 0);
                 }
@@ -401,10 +394,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         }
     };
     Tensor o_rc = rowcol_view(tOrO);
-    // kQkAhead: the copy of S the softmax reads while the next tile's Q K^T writes S (ptxas places the
-    // moves right after the previous pass's wait).
-    Tensor tSrSc = make_fragment_like(tSrS);
-    Tensor sc_rc = rowcol_view(tSrSc);
     Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
     constexpr int kRows = decltype(size<0>(s_rc))::value;
     // One optimistic vote for both of a thread's rows (OnlineSoftmax::update_optimistic) in the split
@@ -436,16 +425,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
         if (tile_count == 0) probe.mark(trace::kQReady);
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
-        // kQkAhead: tile n - 1's Q K^T into S, issued before tile n's softmax. Past the share's last
-        // tile it repeats tile n's (whose stage is still held), so every pass has the same batches
-        // and the loop one body; that product is never read.
-        const auto issue_next_qk = [&](int n_now) {
-            auto ahead = read_k;
-            ++ahead;
-            const bool more = n_now - 1 >= span.begin;
-            if (more) pipeline_k.consumer_wait(ahead);
-            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, more ? ahead.index() : read_k.index()), tSrS);
-        };
 
         int n = span.end - 1;
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
@@ -460,27 +439,16 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         if (tile_count == 0) probe.mark(trace::kFirstS);
+        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+        if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
         // In the split kernels each tile's P waits in its own fragment until the next pass, which
         // converts it, with O's rescale vote, under its Q K^T (FA3's order within a warp group):
         // the pass's end then has only the P V wait (NOTES.md, runs 162-163).
         constexpr bool kConvertUnderQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong;
-        constexpr bool kAhead = kQkAhead<Traits> && kConvertUnderQk;
-        if constexpr (kAhead) {
-            // The next tile's Q K^T runs under this softmax, which reads a copy of S (with
-            // V5_DEV_QK_AHEAD=2 it is issued after it, so the first softmax waits for no second K).
-            copy(tSrS, tSrSc);
-            if constexpr (V5_DEV_QK_AHEAD != 2) issue_next_qk(n);
-            if (keys.needs_mask(n)) keys.apply(sc_rc, coord_rc, n);
-            softmax.first_update_into(sc_rc, p_rc, o_scale);
-            if constexpr (V5_DEV_QK_AHEAD == 2) issue_next_qk(n);
+        if constexpr (kConvertUnderQk) {
+            softmax.first_update_into(s_rc, p_rc, o_scale);
         } else {
-            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-            if constexpr (kConvertUnderQk) {
-                softmax.first_update_into(s_rc, p_rc, o_scale);
-            } else {
-                softmax.template update<true>(s_rc, o_scale);
-            }
+            softmax.template update<true>(s_rc, o_scale);
         }
         if (tile_count == 0) probe.mark(trace::kFirstSoftmax);
         // At D=64 the next grid may start launching after the first softmax: there its CTAs' prologue,
@@ -488,11 +456,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // at entry, 0.2-0.4 us slower). At D=128 the longer tail gates it, and the earlier trigger
         // measured 0.05 us slower (NOTES.md, runs 120-121). The first invocation in a CTA counts.
         if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
-        if constexpr (kAhead) {
-            warpgroup_wait<0>();   // the next tile's S has landed
-            warpgroup_fence_operand(tSrS);
-            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-        }
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);   // kConvertUnderQk: the first pass converts P
         auto read_v = read_k;
         ++read_k;
@@ -510,28 +473,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             ++pass;
 #endif
             V5_STEP_PROBE(kStep1Top);
-            if constexpr (kAhead) {
-                // S holds tile n's scores (the previous pass's look-ahead, complete).
-                copy(tSrS, tSrSc);
-                issue_next_qk(n);
-                if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
-                tOrP = p_operand();
-                pipeline_v.consumer_wait(read_v);
-                warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
-                V5_STEP_PROBE(kStep1S);
-                if (keys.needs_mask(n)) keys.apply(sc_rc, coord_rc, n);
-                rescaled_last = softmax.template update_optimistic<kOneVote>(sc_rc, p_rc, o_scale);
-                V5_STEP_PROBE(kStep1Softmax);
-                warpgroup_wait<0>();   // the look-ahead's S and this P V
-                warpgroup_fence_operand(tSrS);
-                warpgroup_fence_operand(tOrO);
-                V5_STEP_PROBE(kStep1Pv);
-                release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-                release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-                read_v = read_k;
-                ++read_k;
-                continue;
-            }
             pipeline_k.consumer_wait(read_k);
             pipeline_v.consumer_wait(read_v);
             turn.wait();

@@ -147,7 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-// Development macro (off): the D=64 split kernels' look-ahead Q K^T (kQkAhead, attention_kernel.cuh).
-#ifndef V5_DEV_QK_AHEAD
-#define V5_DEV_QK_AHEAD 0
-#endif
