@@ -276,39 +276,6 @@ __device__ __forceinline__ void send_key_tiles(typename Traits::Params const& pa
     }
 }
 
-#if V5_DEV_WIDE_PAIR
-// V5_DEV_WIDE_PAIR: key tiles [lower, lower + 2) as one box for K and one for V into stages [stage, stage
-// + 1), counted on the first stage's barriers; the second stage's complete on their arrival alone, since
-// every consumer waits on the first before it. The lower tile lands in the first stage, so those two
-// steps see their tiles in the other order than the stages' (tile span.end - 1 - stage): only rounding
-// tells it apart where no mask falls on either tile.
-template <class Traits>
-__device__ __forceinline__ void send_key_pair(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                                              TileCoord const& tile, int stage, int lower) {
-    const int key0 = lower * Traits::kBlockN;
-    const int S = params.seq_len;
-    Tensor mK = params.tma_k_pair.get_tma_tensor(make_shape(S, int(Traits::kHeadDim), params.heads, params.batch));
-    Tensor mVt = params.tma_v_pair.get_tma_tensor(make_shape(int(Traits::kHeadDim), S, params.heads, params.batch));
-    Tensor gK = local_tile(domain_offset(make_coord(key0, _0{}), mK(_, _, tile.head, tile.batch)),
-                           typename Traits::PairShapeK{}, make_coord(_0{}, _0{}));
-    Tensor gVt = local_tile(domain_offset(make_coord(_0{}, key0), mVt(_, _, tile.head, tile.batch)),
-                            typename Traits::PairShapeVt{}, make_coord(_0{}, _0{}));
-    constexpr int kStageElems = Traits::kBlockN * Traits::kHeadDim;
-    Tensor sK = make_tensor(make_smem_ptr(shared.k.data() + stage * kStageElems), typename Traits::SmemLayoutKPair{});
-    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data() + stage * kStageElems), typename Traits::SmemLayoutVtPair{});
-    auto [tKg, tKs] = tma_partition(params.tma_k_pair, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    auto [tVg, tVs] = tma_partition(params.tma_v_pair, _0{}, Layout<_1>{}, group_modes<0, 2>(sVt), group_modes<0, 2>(gVt));
-    auto& full_k = shared.pipeline_k.full_barrier_[stage];
-    auto& full_v = shared.pipeline_v.full_barrier_[stage];
-    full_k.arrive_and_expect_tx(2 * Traits::kTmaBytesK);
-    copy(params.tma_k_pair.with(reinterpret_cast<uint64_t&>(full_k)), tKg, tKs);
-    full_v.arrive_and_expect_tx(2 * Traits::kTmaBytesV);
-    copy(params.tma_v_pair.with(reinterpret_cast<uint64_t&>(full_v)), tVg, tVs);
-    shared.pipeline_k.full_barrier_[stage + 1].arrive();
-    shared.pipeline_v.full_barrier_[stage + 1].arrive();
-}
-#endif
-
 // kEarlyLoads (and a CTA without a producer, past its barrier): thread 0 of a split CTA sends the
 // first loads itself: the prefetch, the PDL wait, then Q and the first key tiles into stages 0, 1
 // (an empty ring: nothing to acquire). So the CTA's first __syncthreads, the producer's register
@@ -335,17 +302,6 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
     Traits::BarrierQ::arrive_and_expect_tx(&shared.barrier_q[0], Traits::kTmaBytesQ);
     copy(params.tma_q.with(shared.barrier_q[0]), tQg, tQs(_, 0));
     probe.mark(trace::kQIssued);
-#if V5_DEV_WIDE_PAIR >= 2
-    // =2: the first burst's two tiles as a pair too, where no tile is partial (the masked tile must be
-    // the stage-0 tile the consumers take it for).
-    if constexpr (Traits::kPairRest) {
-        if (first_key_tiles(span) == 2 && params.seq_len % Traits::kBlockN == 0) {
-            send_key_pair<Traits>(params, shared, tile, 0, span.end - 2);
-            probe.mark(trace::kKvIssued);
-            return;
-        }
-    }
-#endif
     send_key_tiles<Traits>(params, shared, parts, span, 0, first_key_tiles(span));
     probe.mark(trace::kKvIssued);
 }
@@ -369,15 +325,6 @@ __device__ void send_rest_loads(typename Traits::Params const& params, typename 
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
     probe.mark(trace::kProducerStart);
     if (span.end - span.begin > Traits::kStages) __trap();   // the host's rule broken: fail, never hang
-#if V5_DEV_WIDE_PAIR
-    if constexpr (Traits::kPairRest) {
-        const int first = first_key_tiles(span);
-        if (span.end - span.begin - first == 2) {
-            send_key_pair<Traits>(params, shared, tile, first, span.end - first - 2);
-            return;
-        }
-    }
-#endif
     send_key_tiles<Traits>(params, shared, parts, span, first_key_tiles(span), span.end - span.begin);
 }
 
@@ -680,12 +627,6 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
         prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
         if constexpr (Traits::kTmaEpilogue) prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
-#if V5_DEV_WIDE_PAIR
-        if constexpr (Traits::kPairRest) {
-            prefetch_tma_descriptor(params.tma_k_pair.get_tma_descriptor());
-            prefetch_tma_descriptor(params.tma_v_pair.get_tma_descriptor());
-        }
-#endif
     };
     if (threadIdx.x == 0) {
         // A split CTA's barriers come before anything that reads the launch's constant bank (the

@@ -117,22 +117,6 @@ struct KernelTraits {
         make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideVt{}),
         take<0, 2>(SmemLayoutVt{}), select<1, 2>(TileShapePV{}), _1{}));
 
-    // V5_DEV_WIDE_PAIR: two neighbouring stages as one box of 2 x kBlockN keys. A stage is whole
-    // 1024-byte swizzle periods, so the pair's layout is the two stages' memory back to back.
-    static constexpr bool kPairRest = kNoProducer && V5_DEV_WIDE_PAIR > 0;
-    using PairShapeK = Shape<Int<2 * kBlockN>, Int<kHeadDim>>;
-    using PairShapeVt = Shape<Int<kHeadDim>, Int<2 * kBlockN>>;
-    using SmemLayoutKPair = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, PairShapeK{}));
-    using SmemLayoutVtPair = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, PairShapeVt{}, Step<_2, _1>{}));
-    using TmaKPair = decltype(make_tma_copy(
-        SM90_TMA_LOAD{},
-        make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideQK{}),
-        SmemLayoutKPair{}, PairShapeK{}, _1{}));
-    using TmaVPair = decltype(make_tma_copy(
-        SM90_TMA_LOAD{},
-        make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{}, StrideVt{}),
-        SmemLayoutVtPair{}, PairShapeVt{}, _1{}));
-
     // The epilogue's O: one 64-row slab per consumer warp group, each stored by its own TMA box,
     // so a warp group never waits for another to finish its tile (the ping-pong offset stays).
     static constexpr bool kTmaEpilogue = V5_HOPPER_TMA_EPILOGUE && !kSplit;   // a split stores from registers
@@ -257,10 +241,6 @@ struct KernelTraits {
         int batch;
         float scale_log2;   // softmax scale x log2(e): the softmax runs on exp2
         int key_splits;     // CTAs per cluster sharing a query tile's keys (1 unless kSplit)
-#if V5_DEV_WIDE_PAIR
-        TmaKPair tma_k_pair{};
-        TmaVPair tma_v_pair{};
-#endif
 #if V5_HOPPER_TRACE
         trace::Buffer* trace = nullptr;   // the diagnostic build's timelines (trace.cuh)
         int trace_call = 0;               // this launch's row in them

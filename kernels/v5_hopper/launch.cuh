@@ -69,7 +69,7 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
     const auto stride_qk = make_stride(row, _1{}, head, batch_stride);
     const auto shape_vt = make_shape(int(Traits::kHeadDim), seq_len, heads, batch);
     const auto stride_vt = make_stride(_1{}, row, head, batch_stride);
-    typename Traits::Params params{
+    return {
         make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(q), shape_qk, stride_qk),
                       take<0, 2>(typename Traits::SmemLayoutQ{}), select<0, 2>(typename Traits::TileShapeQK{}), _1{}),
         make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(k), shape_qk, stride_qk),
@@ -85,15 +85,6 @@ typename Traits::Params make_params(Element const* q, Element const* k, Element 
         scale * float(M_LOG2E),
         1,
     };
-#if V5_DEV_WIDE_PAIR
-    if constexpr (Traits::kPairRest) {
-        params.tma_k_pair = make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(k), shape_qk, stride_qk),
-                                          typename Traits::SmemLayoutKPair{}, typename Traits::PairShapeK{}, _1{});
-        params.tma_v_pair = make_tma_copy(SM90_TMA_LOAD{}, make_tensor(make_gmem_ptr(v), shape_vt, stride_vt),
-                                          typename Traits::SmemLayoutVtPair{}, typename Traits::PairShapeVt{}, _1{});
-    }
-#endif
-    return params;
 }
 
 // SMs of the current device, read once per device (0 if it cannot be read).

@@ -147,10 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): the wide split kernel sends the rest of its share (two key tiles) as one
-// 128-key box for K and one for V, two copies where it sent four (run 223); with 2 the first burst's two
-// tiles as well.
-#ifndef V5_DEV_WIDE_PAIR
-#define V5_DEV_WIDE_PAIR 0
-#endif
