@@ -427,35 +427,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
         int n = span.end - 1;
-#if V5_DEV_WIDE_ROTATE
-        // V5_DEV_WIDE_ROTATE: group 1 of the wide kernel, where its share fills the four stages (each
-        // filled once, so every wait is on phase 0), starts at stage V5_DEV_WIDE_ROTATE and wraps; a stage
-        // holds tile span.end - 1 - index, and only stage 0's can need a mask (the kernel is non-causal).
-        constexpr bool kRotate = Traits::kNoProducer && V5_DEV_WIDE_ROTATE > 0;
-        static_assert(!kRotate || Traits::kStages == 4, "the wrap is a mask of two bits");
-        const auto advance = [&](typename Traits::PipelineState& state) {
-            if constexpr (kRotate) {
-                state = typename Traits::PipelineState((state.index() + 1) & (Traits::kStages - 1), 0, 0);
-            } else {
-                ++state;
-            }
-        };
-        const bool mask_last = keys.needs_mask(span.end - 1);
-        const auto tile_of = [&](typename Traits::PipelineState const& state, int n_now) {
-            if constexpr (kRotate) {
-                return state.index() == 0 && mask_last ? span.end - 1 : -1;
-            } else {
-                return n_now;
-            }
-        };
-        if constexpr (kRotate) {
-            if (turn.group == 1 && span.end - span.begin == Traits::kStages) {
-                read_k = typename Traits::PipelineState(V5_DEV_WIDE_ROTATE, 0, 0);
-            }
-        }
-#else
-        const auto advance = [](typename Traits::PipelineState& state) { ++state; };
-#endif
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
         pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
@@ -477,11 +448,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         warpgroup_fence_operand(tSrS);
         if (tile_count == 0) probe.mark(trace::kFirstS);
         release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-#if V5_DEV_WIDE_ROTATE
-        if (const int masked = tile_of(read_k, n); kRotate ? masked >= 0 : keys.needs_mask(masked)) keys.apply(s_rc, coord_rc, masked);
-#else
         if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-#endif
         // In the split kernels each tile's P waits in its own fragment until the next pass, which
         // converts it, with O's rescale vote, under its Q K^T (FA3's order within a warp group):
         // the pass's end then has only the P V wait (NOTES.md, runs 162-163).
@@ -499,7 +466,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);   // kConvertUnderQk: the first pass converts P
         auto read_v = read_k;
-        advance(read_k);
+        ++read_k;
         bool rescaled_last = false;   // kConvertUnderQk: the previous softmax moved some row's maximum
 
 #if V5_HOPPER_TRACE
@@ -529,11 +496,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             warpgroup_fence_operand(tSrS);
             V5_STEP_PROBE(kStep1S);
             release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-#if V5_DEV_WIDE_ROTATE
-            if (const int masked = tile_of(read_k, n); kRotate ? masked >= 0 : keys.needs_mask(masked)) keys.apply(s_rc, coord_rc, masked);
-#else
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
-#endif
             bool rescaled;
             if constexpr (Traits::kOptimisticMax) {
                 rescaled = softmax.template update_optimistic<kOneVote>(s_rc, p_rc, o_scale);
@@ -558,7 +521,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
                 }
             }
             read_v = read_k;
-            advance(read_k);
+            ++read_k;
         }
 #undef V5_STEP_PROBE
         // Every Q K^T of this query tile has completed: the producer may load the next Q.

@@ -148,12 +148,9 @@
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
 
-// Development macros (off), the wide split kernel only (run 224): group 1 waits this many cycles
-// before its first Q K^T (V5_DEV_WIDE_OFFSET), or walks its stages from this one round (V5_DEV_WIDE_ROTATE),
-// so the two groups run their passes out of step.
+// Development macro (off), the wide split kernel only (runs 224-225): group 1 spins this many cycles
+// before its first Q K^T (group 0, after its rest loads, where negative), so the two groups run their
+// passes out of step.
 #ifndef V5_DEV_WIDE_OFFSET
 #define V5_DEV_WIDE_OFFSET 0
-#endif
-#ifndef V5_DEV_WIDE_ROTATE
-#define V5_DEV_WIDE_ROTATE 0
 #endif
