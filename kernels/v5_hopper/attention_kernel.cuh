@@ -433,14 +433,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if constexpr (Traits::kNoProducer) {
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared, probe);
         }
-        if constexpr (Traits::kNoProducer && V5_DEV_WIDE_OFFSET != 0) {
-            // Negative: group 0 spins instead, after its thread 0's rest loads.
-            if (turn.group == (V5_DEV_WIDE_OFFSET > 0 ? 1 : 0)) {
-                const long long until = clock64() + (V5_DEV_WIDE_OFFSET > 0 ? V5_DEV_WIDE_OFFSET : -V5_DEV_WIDE_OFFSET);
-                while (clock64() < until) {
-                }
-            }
-        }
         turn.wait();
         warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
         turn.pass();

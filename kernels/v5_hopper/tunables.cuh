@@ -147,10 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off), the wide split kernel only (runs 224-225): group 1 spins this many cycles
-// before its first Q K^T (group 0, after its rest loads, where negative), so the two groups run their
-// passes out of step.
-#ifndef V5_DEV_WIDE_OFFSET
-#define V5_DEV_WIDE_OFFSET 0
-#endif
