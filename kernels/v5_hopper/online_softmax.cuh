@@ -27,20 +27,6 @@ __device__ __forceinline__ float exp2_approx(float x) {
 #endif
 }
 
-#if V5_DEV_POLY_EXP
-// exp2(x) for x <= 0 on the FMA pipe: x = j + f with j = round(x), f in [-0.5, 0.5]; 2^f as a
-// degree-3 polynomial fitted for relative error with p(0) = 1 (at most 1.0e-4, a fifth of fp16's
-// rounding of P); j added to the exponent field. Below -127 the result is 0 or a subnormal, as small
-// as MUFU's flushed 0 for any row sum. The adds are _rn intrinsics so that nothing folds the rounding.
-__device__ __forceinline__ float exp2_poly(float x) {
-    x = fmaxf(x, -127.f);
-    const float shifted = __fadd_rn(x, 12582912.f);  // 1.5 x 2^23: round(x) in the low mantissa bits
-    const float f = __fsub_rn(x, __fsub_rn(shifted, 12582912.f));
-    const float p = fmaf(fmaf(fmaf(0.05500858f, f, 0.24221037f), f, 0.6932829f), f, 1.f);
-    return __int_as_float(__float_as_int(p) + (__float_as_int(shifted) << 23));
-}
-#endif
-
 __device__ __forceinline__ float quad_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));
     return fmaxf(x, __shfl_xor_sync(0xffffffff, x, 2));
@@ -236,12 +222,7 @@ struct OnlineSoftmax {
         for (int j = 0; j < kSums; ++j) sums[j] = 0.f;
         CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < kCols; ++c) {
-#if V5_DEV_POLY_EXP
-            const float x = fmaf(s(r, c), scale_log2, -m_scaled);
-            const float v = (c * V5_DEV_POLY_EXP) % kCols < V5_DEV_POLY_EXP ? exp2_poly(x) : exp2_approx(x);
-#else
             const float v = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
-#endif
             out.put(c, v);
             sums[c % kSums] += v;
         }

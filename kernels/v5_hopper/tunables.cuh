@@ -147,9 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off, run 226): this many of each row's per-tile columns take exp2 as a polynomial
-// on the FMA pipe (exp2_poly) instead of one MUFU.EX2, spread over the row; the rest stay on MUFU.
-#ifndef V5_DEV_POLY_EXP
-#define V5_DEV_POLY_EXP 0
-#endif
