@@ -3,6 +3,10 @@
 // take the same query tile and a contiguous share of its key tiles each (TileScheduler::key_span),
 // so each ends its key loop with a partial softmax state (max, sum, unnormalised O) of every row.
 //
+// A key-halves CTA (Traits::kKeyHalves) merges the same way inside itself: its two consumer groups
+// are the two ranks (warp w of group g holds the rows of warp w % 4 of a 64-row split CTA), the pushes
+// go to its own shared memory, and each row warp has a slot and two barriers of its own.
+//
 // The merge is pushed: the rows of consumer warp w are finished by rank w % S, its owner; every
 // other rank's warp w writes its state with st.async into the owner's receive slots, counted in
 // bytes on the owner's two barriers for that warp (the head and the first half of O on one, the
@@ -86,9 +90,11 @@ struct ClusterMerge {
         static_assert(is_static<RowCol>::value && RowCol{}(0, 1) == 1 && RowCol{}(1, 0) == 2 && RowCol{}(0, 2) == 4,
                       "a chunk is a column pair of row 0, then of row 1");
         auto* values = o.data();
-        const int rank = evo_sm90::cluster_rank();
-        const int owner = warp & (splits - 1);
-        const int owned = warp >> shift();
+        constexpr bool kHalves = Traits::kKeyHalves;
+        const int rank = kHalves ? warp >> 2 : evo_sm90::cluster_rank();
+        const int row_warp = kHalves ? warp & 3 : warp;
+        const int owner = row_warp & (splits - 1);
+        const int owned = kHalves ? row_warp : row_warp >> shift();
         const uint32_t receive = cute::cast_smem_ptr_to_uint(shared.receive.data());
         // Every rank's barriers exist. Owners wait too, though on the card only a pusher needs to:
         // compute-sanitizer's racecheck follows a push only past the owner's own wait (NOTES.md,
@@ -96,9 +102,10 @@ struct ClusterMerge {
         evo_sm90::cluster_wait();
         probe.mark(trace::kMergeReady);
         if (owner != rank) {
-            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank < owner ? rank : rank - 1), owner);
-            const uint32_t first = evo_sm90::map_to_rank(barrier(owned, 0), owner);
-            const uint32_t second = evo_sm90::map_to_rank(barrier(owned, 1), owner);
+            const int target = kHalves ? 0 : owner;   // a key-halves CTA is a cluster of one
+            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank < owner ? rank : rank - 1), target);
+            const uint32_t first = evo_sm90::map_to_rank(barrier(owned, 0), target);
+            const uint32_t second = evo_sm90::map_to_rank(barrier(owned, 1), target);
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
             evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1], first);
             CUTLASS_PRAGMA_UNROLL
