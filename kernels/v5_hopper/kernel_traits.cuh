@@ -169,8 +169,7 @@ struct KernelTraits {
     static constexpr int kSplitChunks = 1 + kHeadDim / 8;
     static constexpr int kChunkBytes = 16 * 32;   // a chunk: 16 bytes in each of a warp's lanes
     static constexpr int kWarpStateBytes = kSplitChunks * kChunkBytes;
-    // Key halves: one slot per row warp (the other group's state of its rows).
-    static constexpr int kReceiveSlots = kKeyHalves ? kConsumerWarps / 2 : kConsumerWarps - kConsumerWarps / kMaxSplits;
+    static constexpr int kReceiveSlots = kConsumerWarps - kConsumerWarps / kMaxSplits;   // none with key halves
     // The consumer threads that release a stage: its group's.
     static constexpr int kStageReleasers = kConsumerThreads / kKeyGroups;
     static constexpr int kMostOwnedWarps = kConsumerWarps / 2;
@@ -198,7 +197,7 @@ struct KernelTraits {
         typename Pipeline::SharedStorage pipeline_v;
         typename BarrierQ::ValueType barrier_q[kBuffers];              // Q landed (TMA bytes)
         typename BarrierQEmpty::ValueType barrier_q_empty[kBuffers];   // Q read by every consumer
-        cute::array_aligned<char, kSplit ? kReceiveSlots * kWarpStateBytes : 16, 16> receive;
+        cute::array_aligned<char, kSplit && !kKeyHalves ? kReceiveSlots * kWarpStateBytes : 16, 16> receive;
         uint64_t receive_barrier[kSplit ? kMostOwnedWarps * kLandings : 1];   // an owned warp's landings
 #if V5_HOPPER_TRACE
         trace::Row trace_row;   // the diagnostic build's probes, copied out at the CTA's end

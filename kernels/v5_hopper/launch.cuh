@@ -248,9 +248,10 @@ struct Kernels {
     // split_wide: 128-row split CTAs of two consumer groups and no producer, at D=64 with four 64-key
     // stages (about 110 KB), two to an SM by their 128 registers a thread.
     using WideSplit = KernelTraits<Element, kHeadDim, 128, 64, 4, true, false, true>;
-    // V5_DEV_KEY_HALVES: 64-row CTAs of two consumer groups on the two halves of the keys, two 64-key
-    // stages a group, the halves folded in the CTA.
-    using HalvesSplit = KernelTraits<Element, kHeadDim, 64, 64, 4, true, false, true, true>;
+    // V5_DEV_KEY_HALVES: 64-row CTAs of two consumer groups on the two halves of the keys, that many
+    // 64-key stages a group (2 or 3), the halves folded in the CTA.
+    using HalvesSplit = KernelTraits<Element, kHeadDim, 64, 64, 2 * (V5_DEV_KEY_HALVES > 0 ? V5_DEV_KEY_HALVES : 1), true,
+                                     false, true, true>;
     static constexpr bool kFreeIssueKernel = kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0;
 
     // The split never gives a CTA fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key
