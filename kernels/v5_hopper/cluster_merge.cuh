@@ -3,11 +3,6 @@
 // take the same query tile and a contiguous share of its key tiles each (TileScheduler::key_span),
 // so each ends its key loop with a partial softmax state (max, sum, unnormalised O) of every row.
 //
-// A key-halves CTA (Traits::kKeyHalves) merges the same way inside itself: its two consumer groups
-// are the two ranks (warp w of group g holds the rows of warp w % 4 of a 64-row split CTA), each row
-// warp has two barriers of its own, and a group pushes into its own K stages, which it has done with
-// once all four of its warps are past their last P V (a named barrier), so no receive slots are kept.
-//
 // The merge is pushed: the rows of consumer warp w are finished by rank w % S, its owner; every
 // other rank's warp w writes its state with st.async into the owner's receive slots, counted in
 // bytes on the owner's two barriers for that warp (the head and the first half of O on one, the
@@ -24,7 +19,6 @@
 
 #include "tunables.cuh"  // first: it decides CuTe's wgmma shapes
 #include <cute/tensor.hpp>
-#include <cutlass/arch/barrier.h>
 
 #include "sm90_cluster.cuh"
 #include "online_softmax.cuh"
@@ -46,23 +40,9 @@ struct ClusterMerge {
     __device__ uint32_t barrier(int owned, int landing) const {
         return cute::cast_smem_ptr_to_uint(&shared.receive_barrier[owned * Traits::kLandings + landing]);
     }
-    // The slot of the owner's `other`-th other rank (ranks in order, the owner left out), in the
-    // receive area; with key halves row warp `owned`'s slot in the pushing group's K stages.
+    // The slot of the owner's `other`-th other rank (ranks in order, the owner left out).
     __device__ int slot_offset(int owned, int other) const {
-        if constexpr (Traits::kKeyHalves) {
-            constexpr int kGroupBytes = Traits::kStagesPerGroup * int(Traits::kTmaBytesK);
-            static_assert(2 * Traits::kWarpStateBytes <= kGroupBytes, "two warps' states in a group's K stages");
-            return (1 - (owned & 1)) * kGroupBytes + (owned >> 1) * Traits::kWarpStateBytes;
-        } else {
-            return (owned * (splits - 1) + other) * Traits::kWarpStateBytes;
-        }
-    }
-    __device__ char* receive_area() const {
-        if constexpr (Traits::kKeyHalves) {
-            return reinterpret_cast<char*>(shared.k.data());
-        } else {
-            return shared.receive.data();
-        }
+        return (owned * (splits - 1) + other) * Traits::kWarpStateBytes;
     }
 
     // The bytes an owned warp's landing receives: its chunks of the S - 1 other states.
@@ -106,24 +86,19 @@ struct ClusterMerge {
         static_assert(is_static<RowCol>::value && RowCol{}(0, 1) == 1 && RowCol{}(1, 0) == 2 && RowCol{}(0, 2) == 4,
                       "a chunk is a column pair of row 0, then of row 1");
         auto* values = o.data();
-        constexpr bool kHalves = Traits::kKeyHalves;
-        const int rank = kHalves ? warp >> 2 : evo_sm90::cluster_rank();
-        const int row_warp = kHalves ? warp & 3 : warp;
-        const int owner = row_warp & (splits - 1);
-        const int owned = kHalves ? row_warp : row_warp >> shift();
-        const uint32_t receive = cute::cast_smem_ptr_to_uint(receive_area());
+        const int rank = evo_sm90::cluster_rank();
+        const int owner = warp & (splits - 1);
+        const int owned = warp >> shift();
+        const uint32_t receive = cute::cast_smem_ptr_to_uint(shared.receive.data());
         // Every rank's barriers exist. Owners wait too, though on the card only a pusher needs to:
         // compute-sanitizer's racecheck follows a push only past the owner's own wait (NOTES.md,
         // runs 26-28). Not the producer warps: their wait after the loads hung the card (run 27).
         evo_sm90::cluster_wait();
-        // Key halves: every warp of this group is past its last P V, so its K stages take the pushes.
-        if constexpr (kHalves) cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, rank);
         probe.mark(trace::kMergeReady);
         if (owner != rank) {
-            const int target = kHalves ? 0 : owner;   // a key-halves CTA is a cluster of one
-            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank < owner ? rank : rank - 1), target);
-            const uint32_t first = evo_sm90::map_to_rank(barrier(owned, 0), target);
-            const uint32_t second = evo_sm90::map_to_rank(barrier(owned, 1), target);
+            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank < owner ? rank : rank - 1), owner);
+            const uint32_t first = evo_sm90::map_to_rank(barrier(owned, 0), owner);
+            const uint32_t second = evo_sm90::map_to_rank(barrier(owned, 1), owner);
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
             evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1], first);
             CUTLASS_PRAGMA_UNROLL
@@ -176,7 +151,7 @@ struct ClusterMerge {
                            int lane, FirstHalf& first_half, int others) const {
         constexpr int kValues = (Traits::kSplitChunks - 1) * 4;   // O's values in this thread
         const auto chunks = [&](int other) {   // the other's slots: chunk c of this lane at [c * 32]
-            return reinterpret_cast<const float4*>(receive_area() + slot_offset(owned, other)) + lane;
+            return reinterpret_cast<const float4*>(shared.receive.data() + slot_offset(owned, other)) + lane;
         };
         float4 head[kMostOthers];
         float m[2] = {softmax.row_max[0], softmax.row_max[1]};

@@ -147,9 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): where split_wide would take a D=64 split grid, a 64-row CTA an SM-slot whose
-// two consumer groups take the two halves of the keys, each in its own stages (kKeyHalves).
-#ifndef V5_DEV_KEY_HALVES
-#define V5_DEV_KEY_HALVES 0
-#endif
