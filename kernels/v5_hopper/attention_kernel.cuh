@@ -149,15 +149,6 @@ __device__ __forceinline__ int first_key_tiles(evo_sm90::KeyShare const& span) {
 template <class Traits>
 constexpr bool kEarlyLoads = Traits::kSplit && Traits::kHeadDim == 128;
 
-// Two streams (Traits::kTwoStreams): the i-th key tile of the ring. The CTA's key tiles [begin, end)
-// split into an upper half (stream a, the masked last tile among them) and a lower one (stream b),
-// walked top down, a and b taking turns.
-__device__ __forceinline__ int two_stream_tile(evo_sm90::KeyShare span, int i) {
-    const int count = span.end - span.begin;
-    const int mid = span.end - (count - (count >> 1));
-    return (i & 1) ? mid - 1 - (i >> 1) : span.end - 1 - (i >> 1);
-}
-
 // The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings. With
 // Traits::kSeparateV it fills the K ring alone and a thread of warp 2 the V ring, so a K load never
 // waits behind the release of a V stage, which comes a step later.
@@ -197,7 +188,6 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                     cutlass::arch::ClusterTransactionBarrier::wait(pipeline_k.producer_get_barrier(first_stage), 0);
                 }
             }
-            const int key = Traits::kTwoStreams ? two_stream_tile(span, span.end - 1 - n) : n;
             if constexpr (kRings != Rings::kV) {
                 pipeline_k.producer_acquire(write);
                 if (first_load) {
@@ -205,14 +195,14 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                     if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
                     probe.mark(trace::kPastWait);
                 }
-                copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, key), tKs(_, write.index()));
+                copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write)), tKg(_, n), tKs(_, write.index()));
             }
             if constexpr (kRings != Rings::kK) {
                 pipeline_v.producer_acquire(write);
                 if constexpr (kRings == Rings::kV && kPdlKernel<Traits>) {
                     if (first_load) evo_sm90::wait_for_previous_grid();
                 }
-                copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, key), tVs(_, write.index()));
+                copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write)), tVg(_, n), tVs(_, write.index()));
             }
             ++write;
             if (first_load) probe.mark(trace::kKvIssued);
@@ -587,151 +577,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     if constexpr (Traits::kTmaEpilogue) store_slab_drain(consumer_thread % cutlass::NumThreadsPerWarpGroup);
 }
 
-// Two streams (Traits::kTwoStreams): the consumer group of a CTA over all of its query tile's keys
-// walks their upper half (stream a) and lower half (b) with an S, a P, an O and a softmax each, so one
-// stream's softmax runs while the other's products hold the tensor cores, as two 64-row split CTAs an
-// SM would, in half the CTAs (one an SM, a slot free for the next call) and with the producer's
-// registers (224 a consumer thread). The ring holds a0, b0, a1, b1, ... (two_stream_tile). Step j:
-// Q K^T of b_j and P V of b_{j-1} go out, a_j's softmax runs, then Q K^T of a_{j+1} and P V of a_j
-// go out and b_j's softmax runs. The exact lazy softmax (P converted once its P V has completed).
-// The halves are folded in registers and stored.
-template <class Traits, bool kCausal>
-__device__ void consume_two_streams(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                                    typename Traits::Pipeline& pipeline_k, typename Traits::Pipeline& pipeline_v,
-                                    int consumer_thread) {
-    using Element = typename Traits::Element;
-    typename Traits::TiledMmaQK mma_qk;
-    typename Traits::TiledMmaPV mma_pv;
-    auto thr_qk = mma_qk.get_thread_slice(consumer_thread);
-    auto thr_pv = mma_pv.get_thread_slice(consumer_thread);
-    Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
-    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
-    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
-    Tensor tSrK = thr_qk.partition_fragment_B(sK);
-    Tensor tOrV = thr_pv.partition_fragment_B(sVt);
-    Tensor tSrQ_tile = tSrQ(_, _, _, 0);
-
-    Tensor s_a = partition_fragment_C(mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));
-    Tensor s_b = partition_fragment_C(mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));
-    Tensor o_a = partition_fragment_C(mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
-    Tensor o_b = partition_fragment_C(mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
-    Tensor sa_rc = rowcol_view(s_a);
-    Tensor sb_rc = rowcol_view(s_b);
-    Tensor oa_rc = rowcol_view(o_a);
-    Tensor ob_rc = rowcol_view(o_b);
-    Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
-    constexpr int kRows = decltype(size<0>(sa_rc))::value;
-    using Softmax = OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains, Traits::kLazyRescale>;
-    Softmax softmax_a(params.scale_log2), softmax_b(params.scale_log2);
-    float scale_a[kRows], scale_b[kRows];
-
-    const TileScheduler<Traits, kCausal> scheduler{params};
-    const TileCoord tile = scheduler.coord(scheduler.first());
-    const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
-    const evo_sm90::KeyShare span = scheduler.key_span(keys);
-    const int steps = (span.end - span.begin) >> 1;   // the host runs this kernel on even key tile counts
-    const int mid = span.end - steps;
-
-    // The ring holds a0, b0, a1, b1, ...: a_j's stage, then b_j's.
-    typename Traits::PipelineState ra;
-    auto rb = ra;
-    ++rb;
-    auto vb = rb;   // b_{j-1}'s stage (its V), from step 1
-    clear(o_a);
-    clear(o_b);
-    Tensor p_a = make_tensor<Element>(a_operand_layout(s_a.layout()));
-    Tensor p_b = make_tensor<Element>(a_operand_layout(s_b.layout()));
-    Traits::BarrierQ::wait(&shared.barrier_q[0], 0);
-
-    // Step j: Q K^T of a_j, P V of b_{j-1} (from step 1) and Q K^T of b_j go out, a_j's softmax runs under
-    // them; P V of a_j goes out and b_j's softmax runs under it; a_j's P V is waited for at the end, so no
-    // wgmma is pending across the loop's back edge (with one pending there, ptxas serialised them all).
-#define V5_TWO_STREAM_STEP(kFirst)                                                                        \
-    {                                                                                                     \
-        pipeline_k.consumer_wait(ra);                                                                     \
-        warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, ra.index()), s_a);                          \
-        if constexpr (!kFirst) {                                                                          \
-            pipeline_v.consumer_wait(vb);                                                                 \
-            warpgroup_gemm<false>(mma_pv, p_b, tOrV(_, _, _, vb.index()), o_b);                           \
-        }                                                                                                 \
-        pipeline_k.consumer_wait(rb);                                                                     \
-        warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, rb.index()), s_b);                          \
-        warpgroup_wait<kFirst ? 1 : 2>();                                                                 \
-        warpgroup_fence_operand(s_a);                                                                     \
-        release_stage<Traits>(pipeline_k, shared.pipeline_k, ra);                                         \
-        if (keys.needs_mask(span.end - 1 - j)) keys.apply(sa_rc, coord_rc, span.end - 1 - j);             \
-        if constexpr (kFirst) {                                                                           \
-            softmax_a.template update<true>(sa_rc, scale_a);                                              \
-        } else {                                                                                          \
-            const bool rescaled = softmax_a.template update<false>(sa_rc, scale_a);                       \
-            if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(oa_rc, scale_a);    \
-        }                                                                                                 \
-        convert_pairs(s_a, p_a);                                                                          \
-        pipeline_v.consumer_wait(ra);                                                                     \
-        warpgroup_gemm<false>(mma_pv, p_a, tOrV(_, _, _, ra.index()), o_a);                               \
-        warpgroup_wait<1>();                                                                              \
-        warpgroup_fence_operand(s_b);                                                                     \
-        if constexpr (!kFirst) {                                                                          \
-            warpgroup_fence_operand(o_b);                                                                 \
-            release_stage<Traits>(pipeline_v, shared.pipeline_v, vb);                                     \
-        }                                                                                                 \
-        release_stage<Traits>(pipeline_k, shared.pipeline_k, rb);                                         \
-        if (keys.needs_mask(mid - 1 - j)) keys.apply(sb_rc, coord_rc, mid - 1 - j);                       \
-        if constexpr (kFirst) {                                                                           \
-            softmax_b.template update<true>(sb_rc, scale_b);                                              \
-        } else {                                                                                          \
-            const bool rescaled = softmax_b.template update<false>(sb_rc, scale_b);                       \
-            if (!Traits::kLazyRescale || __any_sync(0xffffffff, rescaled)) scale_rows(ob_rc, scale_b);    \
-        }                                                                                                 \
-        convert_pairs(s_b, p_b);                                                                          \
-        warpgroup_wait<0>();                                                                              \
-        warpgroup_fence_operand(o_a);                                                                     \
-        release_stage<Traits>(pipeline_v, shared.pipeline_v, ra);                                         \
-        vb = rb;                                                                                          \
-        ++ra;                                                                                             \
-        ++ra;                                                                                             \
-        ++rb;                                                                                             \
-        ++rb;                                                                                             \
-    }
-    int j = 0;
-    V5_TWO_STREAM_STEP(true)
-    if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
-    for (j = 1; j < steps; ++j) V5_TWO_STREAM_STEP(false)
-#undef V5_TWO_STREAM_STEP
-    // The last P V, b's, then both streams folded.
-    pipeline_v.consumer_wait(vb);
-    warpgroup_gemm<false>(mma_pv, p_b, tOrV(_, _, _, vb.index()), o_b);
-    float whole_a[kRows], whole_b[kRows];
-    softmax_a.whole_sums(whole_a);
-    softmax_b.whole_sums(whole_b);
-    float weight_a[kRows], weight_b[kRows];
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-        const float base = softmax_a.scaled_max(fmaxf(softmax_a.row_max[r], softmax_b.row_max[r]));
-        weight_a[r] = exp2_approx(fmaf(softmax_a.row_max[r], params.scale_log2, -base));
-        weight_b[r] = exp2_approx(fmaf(softmax_b.row_max[r], params.scale_log2, -base));
-        const float inverse = inverse_or_zero(fmaf(whole_a[r], weight_a[r], whole_b[r] * weight_b[r]));
-        weight_a[r] *= inverse;
-        weight_b[r] *= inverse;
-    }
-    warpgroup_wait<0>();
-    warpgroup_fence_operand(o_a);
-    warpgroup_fence_operand(o_b);
-    release_stage<Traits>(pipeline_v, shared.pipeline_v, vb);
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < size<1>(oa_rc); ++c) oa_rc(r, c) = fmaf(oa_rc(r, c), weight_a[r], ob_rc(r, c) * weight_b[r]);
-    }
-    Tensor coord_o = rowcol_view(thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{}))));
-    const int row0 = tile.m_block * Traits::kBlockM;
-    Element* o_tile =
-        params.o + ((int64_t(tile.batch) * params.heads + tile.head) * params.seq_len + row0) * Traits::kHeadDim;
-    evo_sm90::cluster_wait();   // the entry's cluster arrival, matched before the CTA leaves
-    store_rows<Traits::kHeadDim, 0, -1>(oa_rc, coord_o, o_tile, params.seq_len - row0);
-}
-
 // Entry, thread 0: a K or V ring's barriers, as CUTLASS's PipelineTmaAsync::init_barriers sets them
 // for a cluster of one (a stage is full on the loading thread's arrival and its bytes, empty once
 // every consumer thread has released it). That function ran in all 128 threads of warp group 0,
@@ -853,12 +698,8 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         Pipeline pipeline_v(shared.pipeline_v, pipeline_params<Traits>(false, false, Traits::kTmaBytesV),
                             Shape<_1, _1, _1>{}, cute::false_type{});
         const int consumer_thread = int(threadIdx.x) - (Traits::kNoProducer ? 0 : cutlass::NumThreadsPerWarpGroup);
-        if constexpr (Traits::kTwoStreams) {
-            consume_two_streams<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, consumer_thread);
-        } else {
-            consume<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, consumer_thread,
-                                     consumer_thread == 0 ? probe : trace::Probe{});
-        }
+        consume<Traits, kCausal>(params, shared, pipeline_k, pipeline_v, consumer_thread,
+                                 consumer_thread == 0 ? probe : trace::Probe{});
 #if V5_HOPPER_TRACE
         if (consumer_thread == 0) {
             probe.mark(trace::kExit);

@@ -24,11 +24,8 @@ using namespace cute;
 // under its own P V (free_issue_d128_min_keys: the long D=128 non-causal shapes).
 // kNoProducer_: a split CTA of consumer warp groups alone (split_wide), whose whole key share fits its
 // stages; thread 0 sends every load, and no warp group trades registers.
-// kTwoStreams_: a 64-row split CTA over all of its tile's keys, one per query tile, whose consumer group
-// walks the two halves of them as two streams, each with its own S, P, O and softmax, taking turns
-// at the tensor cores; the halves are folded in registers (V5_DEV_TWO_STREAMS, development).
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kSplit_ = false,
-          bool kFreeIssue_ = false, bool kNoProducer_ = false, bool kTwoStreams_ = false>
+          bool kFreeIssue_ = false, bool kNoProducer_ = false>
 struct KernelTraits {
     using Element = Element_;
     using ElementAccum = float;
@@ -41,8 +38,6 @@ struct KernelTraits {
     static constexpr bool kFreeIssue = kFreeIssue_;
     static constexpr bool kNoProducer = kNoProducer_;
     static_assert(!kNoProducer || kSplit, "only a split CTA runs without a producer warp group");
-    static constexpr bool kTwoStreams = kTwoStreams_;
-    static_assert(!kTwoStreams || (kSplit && kBlockM_ == 64 && !kNoProducer), "two streams: a 64-row split CTA");
     static_assert(!(kSplit && kFreeIssue), "a split CTA has one consumer warp group: nothing to take turns with");
     // kv_producers 2: the K ring and the V ring each have a loading thread of their own (not in the
     // split kernels, whose start-of-call burst is tuned as one thread issues it: NOTES.md, run 44).

@@ -248,8 +248,6 @@ struct Kernels {
     // split_wide: 128-row split CTAs of two consumer groups and no producer, at D=64 with four 64-key
     // stages (about 110 KB), two to an SM by their 128 registers a thread.
     using WideSplit = KernelTraits<Element, kHeadDim, 128, 64, 4, true, false, true>;
-    // V5_DEV_TWO_STREAMS: one 64-row CTA a query tile over all of its keys, in two streams.
-    using TwoStreams = KernelTraits<Element, kHeadDim, 64, 64, 4, true, false, false, true>;
     static constexpr bool kFreeIssueKernel = kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0;
 
     // The split never gives a CTA fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key
@@ -279,16 +277,6 @@ struct Kernels {
         if (splits != 2 || split_m_blocks(seq_len) * heads_total * splits <= sms) return false;
         if (wide_tiles * splits > sms || (key_tiles + splits - 1) / splits > WideSplit::kStages) return false;
         return WideSplit::kMinBlocksPerSm >= 2 && wide_tiles <= max_active_clusters<WideSplit, false>(splits);
-    }
-
-    // Where the 64-row split grid of two ranks has more CTAs than SMs, its query tiles fit the SMs once
-    // over, and the key tiles come in pairs: one two-stream CTA a query tile.
-    static bool runs_two_streams(int64_t heads_total, int seq_len, int splits) {
-        const int64_t sms = sm_count();
-        const int64_t tiles = split_m_blocks(seq_len) * heads_total;
-        const int key_tiles = (seq_len + TwoStreams::kBlockN - 1) / TwoStreams::kBlockN;
-        if (splits != 2 || tiles * splits <= sms || tiles > sms || key_tiles % 2 != 0) return false;
-        return TwoStreams::kMinBlocksPerSm >= 2 && tiles <= max_active_clusters<TwoStreams, false>(1);
     }
 
     static int unsplit(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads,
@@ -323,12 +311,6 @@ struct Kernels {
         if constexpr (V5_HOPPER_KEY_SPLIT) {
             const int64_t heads_total = int64_t(heads) * batch;
             const int splits = splits_for(split_m_blocks(seq_len) * heads_total, seq_len);
-            if constexpr (V5_DEV_TWO_STREAMS && kHeadDim == 64) {
-                if (runs_two_streams(heads_total, seq_len, splits)) {
-                    return launch_traits<TwoStreams, false>(
-                        make_params<TwoStreams>(q, k, v, o, batch, heads, seq_len, scale), stream);
-                }
-            }
             if constexpr (V5_HOPPER_SPLIT_WIDE && kHeadDim == 64) {
                 if (runs_wide(heads_total, seq_len, splits)) {
                     auto params = make_params<WideSplit>(q, k, v, o, batch, heads, seq_len, scale);

@@ -147,9 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): where the D=64 split grid of two ranks fills both slots of every SM, one
-// 64-row CTA a query tile whose consumer walks the keys' two halves as two streams (kTwoStreams).
-#ifndef V5_DEV_TWO_STREAMS
-#define V5_DEV_TWO_STREAMS 0
-#endif
