@@ -377,12 +377,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     Tensor tSrP = make_fragment_like(tSrS);
     // The wide split kernel (kNoProducer) writes them as the next P V's 16-bit operand at once: at its
     // 128 registers a thread, a second fp32 fragment beside S, O and the P in flight spilled 64 bytes.
-    // V5_DEV_HALF_EXP: the 64-row split kernels with a producer write P as the 16-bit operand too, from
-    // half-precision exponentials (online_softmax.cuh).
-    constexpr bool kHalfExp = V5_DEV_HALF_EXP > 0 && Traits::kSplit && !Traits::kNoProducer &&
-                              Traits::kHeadDim == 64 &&
-                              (std::is_same_v<Element, cutlass::half_t> || V5_DEV_HALF_EXP >= 2);
-    constexpr bool kPackedP = (Traits::kNoProducer || kHalfExp) && Traits::kOptimisticMax;
+    constexpr bool kPackedP = Traits::kNoProducer && Traits::kOptimisticMax;
     Tensor tSrP16 = make_tensor<Element>(a_operand_layout(tSrS.layout()));
     auto p_rc = [&] {
         if constexpr (kPackedP) {

@@ -5,8 +5,6 @@
 
 #include "tunables.cuh"  // first: it decides CuTe's wgmma shapes
 #include <cmath>
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <type_traits>
 
 #include <cute/tensor.hpp>
@@ -190,13 +188,6 @@ struct OnlineSoftmax {
         int r;
         float even = 0.f;
 
-        // V5_DEV_HALF_EXP: columns c, c + 1 as one packed pair (c even).
-        __device__ void put_pair(int c, uint32_t bits) {
-            cutlass::Array<Element, 2> pair;
-            reinterpret_cast<uint32_t&>(pair) = bits;
-            p(r, c) = pair[0];
-            p(r, c + 1) = pair[1];
-        }
         __device__ void put(int c, float v) {
             if constexpr (std::is_same_v<Element, float>) {
                 p(r, c) = v;
@@ -225,44 +216,6 @@ struct OnlineSoftmax {
     __device__ float exponentiate_row(ScoresRowCol const& s, int r, float m_scaled, Out&& out) const {
         constexpr int kCols = decltype(size<1>(s))::value;
         static_assert(kCols % 2 == 0, "16-bit writers store column pairs");
-#if V5_DEV_HALF_EXP
-        using Written = typename std::remove_reference_t<Out>::Element;
-        constexpr bool kHalf = std::is_same_v<Written, cutlass::half_t>;
-        constexpr bool kBf16 = std::is_same_v<Written, cutlass::bfloat16_t> && V5_DEV_HALF_EXP >= 2;
-        if constexpr (kHalf || kBf16) {
-            // Column pairs: two FFMA, one pack, exp2 of the pair (two MUFU.EX2.F16 or .BF16 and a PRMT),
-            // the pair stored as one register of P's 16-bit operand; fp16 adds the pairs as f16x2, bf16
-            // in fp32.
-            uint32_t sum2 = 0u;
-            float sum0 = 0.f, sum1 = 0.f;
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < kCols; c += 2) {
-                const float x0 = fmaf(s(r, c), scale_log2, -m_scaled);
-                const float x1 = fmaf(s(r, c + 1), scale_log2, -m_scaled);
-                uint32_t x, e;
-                if constexpr (kHalf) {
-                    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(x) : "f"(x1), "f"(x0));
-                    asm("ex2.approx.f16x2 %0, %1;" : "=r"(e) : "r"(x));
-                    asm("add.rn.f16x2 %0, %1, %2;" : "=r"(sum2) : "r"(sum2), "r"(e));
-                } else {
-                    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(x) : "f"(x1), "f"(x0));
-                    asm("ex2.approx.ftz.bf16x2 %0, %1;" : "=r"(e) : "r"(x));
-                    sum0 += __uint_as_float(e << 16);
-                    sum1 += __uint_as_float(e & 0xffff0000u);
-                }
-                out.put_pair(c, e);
-            }
-            if constexpr (kHalf) {
-                float lo, hi;
-                asm("{.reg .f16 l, h;\n mov.b32 {l, h}, %2;\n cvt.f32.f16 %0, l;\n cvt.f32.f16 %1, h;}"
-                    : "=f"(lo), "=f"(hi) : "r"(sum2));
-                return lo + hi;
-            } else {
-                return sum0 + sum1;
-            }
-        } else
-#endif
-        {
         constexpr int kSums = kCols % kSumChains == 0 ? kSumChains : 1;
         float sums[kSums];
         CUTLASS_PRAGMA_UNROLL
@@ -277,7 +230,6 @@ struct OnlineSoftmax {
         CUTLASS_PRAGMA_UNROLL
         for (int j = 1; j < kSums; ++j) tile_sum += sums[j];
         return tile_sum;
-        }
     }
 
     // The maximum of row r's scores (and the running maximum) as kMaxChains independent chains:

@@ -147,11 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): the 64-row D=64 split kernels with a producer exponentiate in half precision,
-// ex2.approx.f16x2 on each column pair's scores, P written as the next P V's 16-bit operand at once and
-// each row's tile sum added as f16x2 (run 231: whether MUFU.EX2.F16 issues faster than the f32 form).
-// 1: fp16 kernels; 2: fp16 and bf16 kernels (bf16 through ex2.approx.ftz.bf16x2).
-#ifndef V5_DEV_HALF_EXP
-#define V5_DEV_HALF_EXP 0
-#endif
