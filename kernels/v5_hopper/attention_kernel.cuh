@@ -366,8 +366,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
     Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
-    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);     // wgmma descriptors (MMA, MMA_M, MMA_K, buffers);
-                                                       // V5_DEV_Q_REGS: registers
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);     // wgmma descriptors (MMA, MMA_M, MMA_K, buffers)
     Tensor tSrK = thr_qk.partition_fragment_B(sK);     // (MMA, MMA_N, MMA_K, stages)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);    // (MMA, MMA_N, MMA_K, stages)
 
@@ -425,14 +424,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         const auto [q_buffer, q_use] = Traits::q_slot(tile_count);
         BarrierQ::wait(&shared.barrier_q[q_buffer], q_use & 1);
         if (tile_count == 0) probe.mark(trace::kQReady);
-        if constexpr (Traits::kQRegisters) {
-            // V5_DEV_Q_REGS: the tile's Q from shared memory into the RS product's A registers, once.
-            auto copy_q = make_tiled_copy_A(Copy_Atom<SM75_U32x4_LDSM_N, Element>{}, mma_qk);
-            auto thr_copy_q = copy_q.get_thread_slice(consumer_thread);
-            Tensor tSsQ = thr_copy_q.partition_S(sQ);
-            Tensor tSrQ_copy = thr_copy_q.retile_D(tSrQ);
-            copy(copy_q, tSsQ(_, _, _, q_buffer), tSrQ_copy(_, _, _, q_buffer));
-        }
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
         int n = span.end - 1;

@@ -57,18 +57,9 @@ struct KernelTraits {
     using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;   // O += P V: (M, N=D, K=keys)
     using AtomLayoutMma = Layout<Shape<Int<kConsumerWarpGroups>, _1, _1>>;   // one 64-row slab per warp group
 
-    // Q K^T: both operands in shared memory, K-major (D contiguous in Q and K). V5_DEV_Q_REGS: Q from
-    // registers in the 64-row D=64 split kernels with a producer.
-    static constexpr bool kQRegisters = V5_DEV_Q_REGS > 0 && kSplit && !kNoProducer && kHeadDim == 64 &&
-                                        kConsumerWarpGroups == 1;
-    static auto qk_op() {
-        if constexpr (kQRegisters) {
-            return GMMA::rs_op_selector<Element, Element, ElementAccum, TileShapeQK>();
-        } else {
-            return GMMA::ss_op_selector<Element, Element, ElementAccum, TileShapeQK>();
-        }
-    }
-    using TiledMmaQK = decltype(make_tiled_mma(qk_op(), AtomLayoutMma{}));
+    // Q K^T: both operands in shared memory, K-major (D contiguous in Q and K).
+    using TiledMmaQK = decltype(make_tiled_mma(
+        GMMA::ss_op_selector<Element, Element, ElementAccum, TileShapeQK>(), AtomLayoutMma{}));
     // P V: P from registers (the S accumulator converted in place), V^T from shared memory,
     // MN-major (V is [keys, D] with D contiguous, so V^T's N = D is the contiguous mode).
     using TiledMmaPV = decltype(make_tiled_mma(

@@ -147,9 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): the 64-row D=64 split kernels with a producer hold Q in registers and issue
-// Q K^T as an RS wgmma (run 232: whether the SS product's shared-memory reads lengthen each pass).
-#ifndef V5_DEV_Q_REGS
-#define V5_DEV_Q_REGS 0
-#endif
