@@ -207,9 +207,11 @@ struct KernelTraits {
     // at D=64 (four, split_stages_d64: 87 KB) and 106 KB at D=128, with two 128-key stages 86 KB at
     // D=64 and 171 KB at D=128 (split_block_n_d128: one to an SM); one CTA of more warp groups.
     static constexpr int kSmemCtasPerSm = 228 * 1024 / (kSmemBytes + 1024);
-    // A CTA without a producer: two to an SM where they fit (256 threads at 128 registers).
+    // A CTA without a producer: two to an SM where they fit (256 threads at 128 registers), or four
+    // of one consumer group (128 threads at 128 registers: V5_DEV_QUAD_SPLIT).
+    static constexpr int kNoProducerCtas = kConsumerWarpGroups == 1 ? 4 : 2;
     static constexpr int kMinBlocksPerSm =
-        kNoProducer                 ? (kSmemCtasPerSm < 2 ? kSmemCtasPerSm : 2)
+        kNoProducer                 ? (kSmemCtasPerSm < kNoProducerCtas ? kSmemCtasPerSm : kNoProducerCtas)
         : kConsumerWarpGroups > 1   ? 1
         : kSmemCtasPerSm < V5_HOPPER_SPLIT_CTAS_PER_SM ? kSmemCtasPerSm
                                                        : V5_HOPPER_SPLIT_CTAS_PER_SM;

@@ -248,6 +248,9 @@ struct Kernels {
     // split_wide: 128-row split CTAs of two consumer groups and no producer, at D=64 with four 64-key
     // stages (about 110 KB), two to an SM by their 128 registers a thread.
     using WideSplit = KernelTraits<Element, kHeadDim, 128, 64, 4, true, false, true>;
+    // V5_DEV_QUAD_SPLIT: 64-row split CTAs of one consumer group and no producer, two 64-key stages,
+    // four to an SM.
+    using QuadSplit = KernelTraits<Element, kHeadDim, 64, 64, 2, true, false, true>;
     static constexpr bool kFreeIssueKernel = kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0;
 
     // The split never gives a CTA fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key
@@ -277,6 +280,19 @@ struct Kernels {
         if (splits != 2 || split_m_blocks(seq_len) * heads_total * splits <= sms) return false;
         if (wide_tiles * splits > sms || (key_tiles + splits - 1) / splits > WideSplit::kStages) return false;
         return WideSplit::kMinBlocksPerSm >= 2 && wide_tiles <= max_active_clusters<WideSplit, false>(splits);
+    }
+
+    // V5_DEV_QUAD_SPLIT: where the 64-row split grid of 2 ranks has more CTAs than SMs, and clusters of
+    // 4 quad CTAs hold every share in their stages and all fit at once.
+    static bool runs_quad(int64_t heads_total, int seq_len, int splits) {
+        constexpr int kQuadSplits = 4;
+        const int64_t sms = sm_count();
+        const int64_t tiles = split_m_blocks(seq_len) * heads_total;
+        const int key_tiles = (seq_len + QuadSplit::kBlockN - 1) / QuadSplit::kBlockN;
+        if (splits != 2 || tiles * splits <= sms) return false;
+        if (tiles * kQuadSplits > sms * QuadSplit::kMinBlocksPerSm) return false;
+        if ((key_tiles + kQuadSplits - 1) / kQuadSplits > QuadSplit::kStages || key_tiles < kQuadSplits) return false;
+        return QuadSplit::kMinBlocksPerSm == 4 && tiles <= max_active_clusters<QuadSplit, false>(kQuadSplits);
     }
 
     static int unsplit(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads,
@@ -316,6 +332,13 @@ struct Kernels {
                     auto params = make_params<WideSplit>(q, k, v, o, batch, heads, seq_len, scale);
                     params.key_splits = splits;
                     return launch_traits<WideSplit, false>(params, stream);
+                }
+            }
+            if constexpr (V5_DEV_QUAD_SPLIT && kHeadDim == 64) {
+                if (runs_quad(heads_total, seq_len, splits)) {
+                    auto params = make_params<QuadSplit>(q, k, v, o, batch, heads, seq_len, scale);
+                    params.key_splits = 4;
+                    return launch_traits<QuadSplit, false>(params, stream);
                 }
             }
             if (splits > 1) return split(q, k, v, o, batch, heads, seq_len, scale, splits, stream);

@@ -147,3 +147,10 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
+// Development macro (off): a D=64 split grid that would fill both slots of every SM runs instead as
+// clusters of four 64-row CTAs of one consumer group and no producer, four to an SM (128 threads at
+// 128 registers, two 64-key stages holding a 128-key share), so each SM sub-partition has four
+// consumer warps where it had two (NOTES.md, run 234).
+#ifndef V5_DEV_QUAD_SPLIT
+#define V5_DEV_QUAD_SPLIT 0
+#endif
