@@ -147,10 +147,10 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-// Development macro (off): a D=64 split grid that would fill both slots of every SM runs instead as
-// clusters of four 64-row CTAs of one consumer group and no producer, four to an SM (128 threads at
-// 128 registers, two 64-key stages holding a 128-key share), so each SM sub-partition has four
-// consumer warps where it had two (NOTES.md, run 234).
-#ifndef V5_DEV_QUAD_SPLIT
-#define V5_DEV_QUAD_SPLIT 0
+
+// Development macro (off): a D=64 split grid of two ranks that fills both slots of every SM runs 64-row
+// CTAs of two consumer groups without a producer, each group on half of the CTA's key share in its own
+// stages (kKeyHalves), so an SM sub-partition holds four consumer warps where it held two (NOTES.md, run 235).
+#ifndef V5_DEV_KEY_HALVES
+#define V5_DEV_KEY_HALVES 0
 #endif
