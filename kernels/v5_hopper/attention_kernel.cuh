@@ -291,6 +291,30 @@ __device__ __forceinline__ evo_sm90::KeyShare group_span(Scheduler const& schedu
     return span;
 }
 
+// V5_DEV_KEY_HALVES_BURST 1 or 2: thread 0 sends both groups' tiles, the first burst with Q (`first`) and
+// the rest once the first K has landed: each group's first tile, then its second (1); group 0's tiles,
+// then group 1's (2). The host gives a group at most its stages' worth, so nothing is refilled.
+template <class Traits, bool kCausal>
+__device__ void send_halves_tiles(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
+                                  bool first) {
+    const TileScheduler<Traits, kCausal> scheduler{params};
+    const TileCoord tile = scheduler.coord(scheduler.first());
+    auto parts = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
+    const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
+    for (int g = 0; g < 2; ++g) {
+        const evo_sm90::KeyShare span = group_span<Traits>(scheduler, keys, g);
+        const int tiles = span.end - span.begin;
+        int from = 0, to = 0;
+        if constexpr (V5_DEV_KEY_HALVES_BURST == 1) {
+            from = first ? 0 : 1;
+            to = first ? (tiles < 1 ? tiles : 1) : tiles;
+        } else {
+            to = (g == 0) == first ? tiles : 0;
+        }
+        if (to > from) send_key_tiles<Traits>(params, shared, parts, span.end - 1, g * Traits::kStagesPerGroup, from, to);
+    }
+}
+
 // kEarlyLoads (and a CTA without a producer, past its barrier): thread 0 of a split CTA sends the
 // first loads itself: the prefetch, the PDL wait, then Q and the first key tiles into stages 0, 1
 // (an empty ring: nothing to acquire). So the CTA's first __syncthreads, the producer's register
@@ -321,7 +345,9 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
         copy(params.tma_q.with(shared.barrier_q[0]), tQg, tQs(_, 0));
     }
     probe.mark(trace::kQIssued);
-    if constexpr (Traits::kKeyHalves) {
+    if constexpr (Traits::kKeyHalves && V5_DEV_KEY_HALVES_BURST > 0) {
+        send_halves_tiles<Traits, kCausal>(params, shared, true);
+    } else if constexpr (Traits::kKeyHalves) {
         const int tiles = span.end - span.begin;
         send_key_tiles<Traits>(params, shared, parts, span.end - 1, group * Traits::kStagesPerGroup, 0,
                                tiles < Traits::kStagesPerGroup ? tiles : Traits::kStagesPerGroup);
@@ -397,6 +423,53 @@ __device__ __forceinline__ void wait_stage(typename Traits::Pipeline& pipeline,
     } else {
         pipeline.consumer_wait(state);
     }
+}
+
+// V5_DEV_KEY_HALVES_FOLD: row warp w's two states in a key-halves CTA (group 0's and group 1's, each
+// over half the CTA's keys) folded into one, unnormalised, by group (w >> 1) & 1, which then merges row
+// warp w across the cluster as a one-group split CTA's warp w would; the other group's warp w writes its
+// state into the receive slot 2 + w (past the cluster merge's two) and arrives on named barrier 4 + w.
+// Returns whether this warp goes on to the cluster merge.
+template <class Traits, class Softmax>
+__device__ bool fold_key_halves(typename Traits::SharedStorage& shared, Softmax& softmax, float (&whole)[2],
+                                float* values, int row_warp, int group, int lane) {
+    static_assert(Traits::kKeyHalves && Traits::kReceiveSlots >= 6, "two cluster slots, then one a row warp");
+    constexpr int kValues = (Traits::kSplitChunks - 1) * 4;
+    constexpr uint32_t kPairThreads = 64;
+    const uint32_t barrier_id = 4 + row_warp;
+    float4* slot = reinterpret_cast<float4*>(shared.receive.data() + (2 + row_warp) * Traits::kWarpStateBytes) + lane;
+    const bool folds = ((row_warp >> 1) & 1) == group;
+    if (!folds) {
+        slot[0] = make_float4(softmax.row_max[0], softmax.row_max[1], whole[0], whole[1]);
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < kValues / 4; ++i) {
+            slot[(1 + i) * 32] = make_float4(values[4 * i], values[4 * i + 1], values[4 * i + 2], values[4 * i + 3]);
+        }
+        cutlass::arch::NamedBarrier::arrive(kPairThreads, barrier_id);
+        return false;
+    }
+    cutlass::arch::NamedBarrier::sync(kPairThreads, barrier_id);
+    const float4 head = slot[0];
+    float mine[2], other[2];
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < 2; ++r) {
+        const float theirs = r == 0 ? head.x : head.y;
+        const float m = fmaxf(softmax.row_max[r], theirs);
+        const float base = softmax.scaled_max(m);   // a row neither half met a key of: weights 0, not NaN
+        mine[r] = exp2_approx(fmaf(softmax.row_max[r], softmax.scale_log2, -base));
+        other[r] = exp2_approx(fmaf(theirs, softmax.scale_log2, -base));
+        whole[r] = fmaf(r == 0 ? head.z : head.w, other[r], whole[r] * mine[r]);
+        softmax.row_max[r] = m;
+    }
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kValues / 4; ++i) {
+        const float4 o = slot[(1 + i) * 32];
+        values[4 * i] = fmaf(o.x, other[0], values[4 * i] * mine[0]);
+        values[4 * i + 1] = fmaf(o.y, other[0], values[4 * i + 1] * mine[0]);
+        values[4 * i + 2] = fmaf(o.z, other[1], values[4 * i + 2] * mine[1]);
+        values[4 * i + 3] = fmaf(o.w, other[1], values[4 * i + 3] * mine[1]);
+    }
+    return true;
 }
 
 // ptxas schedules a wgmma wait as early as its basic block allows: in the key loop, P V's wait
@@ -495,6 +568,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
         if constexpr (Traits::kNoProducer && !Traits::kKeyHalves) {
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared, probe);
+        }
+        if constexpr (Traits::kKeyHalves && V5_DEV_KEY_HALVES_BURST > 0) {
+            if (consumer_thread == 0) send_halves_tiles<Traits, kCausal>(params, shared, false);
         }
         turn.wait();
         warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
@@ -629,11 +705,24 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             // was let in after the first softmax, above; at entry, its CTAs would wait on SMs this
             // grid still needs: v4_pipelined's NOTES.md, runs 6-7).
             if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
-            const ClusterMerge<Traits> cluster{shared, Traits::kKeyHalves ? 2 * params.key_splits : params.key_splits};
+            constexpr bool kFoldHalves = Traits::kKeyHalves && V5_DEV_KEY_HALVES_FOLD;
+            int merge_warp = consumer_thread / 32;
+            if constexpr (kFoldHalves) {
+                // The two groups' states of a row warp folded in the CTA first, by the group that then
+                // merges that row warp across the cluster (fold_key_halves); the other group is done.
+                const int row_warp = merge_warp & 3;
+                if (!fold_key_halves<Traits>(shared, softmax, whole, o_rc.data(), row_warp, merge_warp >> 2,
+                                             consumer_thread % 32)) {
+                    return;
+                }
+                merge_warp = row_warp;
+            }
+            const ClusterMerge<Traits> cluster{shared, Traits::kKeyHalves && !kFoldHalves ? 2 * params.key_splits
+                                                                                       : params.key_splits};
             // The owner's O comes back normalised. It stores the first half of the columns between its
             // two landings, under the second half's flight (NOTES.md, run 170), and the rest after.
             constexpr int kFirstColumns = 2 * (Traits::kFirstLanding - 1);   // chunk 1 + i: columns 2i, 2i + 1
-            const bool owner = cluster.merge(softmax, whole, o_rc, consumer_thread / 32, consumer_thread % 32,
+            const bool owner = cluster.merge(softmax, whole, o_rc, merge_warp, consumer_thread % 32,
                                               tile_count == 0 ? probe : trace::Probe{},
                                               [&] { store_columns(Int<0>{}, Int<kFirstColumns>{}); });
             if (tile_count == 0) probe.mark(trace::kMerged);
@@ -767,7 +856,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
         }
     } else {
         if constexpr (Traits::kKeyHalves) {
-            if (threadIdx.x % cutlass::NumThreadsPerWarpGroup == 0) {
+            if (V5_DEV_KEY_HALVES_BURST > 0 ? threadIdx.x == 0 : threadIdx.x % cutlass::NumThreadsPerWarpGroup == 0) {
                 send_first_loads<Traits, kCausal>(params, shared, threadIdx.x == 0 ? probe : trace::Probe{},
                                                   warp_group);
             }

@@ -91,7 +91,7 @@ struct ClusterMerge {
         static_assert(is_static<RowCol>::value && RowCol{}(0, 1) == 1 && RowCol{}(1, 0) == 2 && RowCol{}(0, 2) == 4,
                       "a chunk is a column pair of row 0, then of row 1");
         auto* values = o.data();
-        constexpr bool kHalves = Traits::kKeyHalves;
+        constexpr bool kHalves = Traits::kKeyHalves && !V5_DEV_KEY_HALVES_FOLD;   // four virtual ranks
         const int rank = kHalves ? evo_sm90::cluster_rank() * 2 + (warp >> 2) : evo_sm90::cluster_rank();
         const int row_warp = kHalves ? warp & 3 : warp;
         const int owner = row_warp & (splits - 1);

@@ -154,3 +154,13 @@
 #ifndef V5_DEV_KEY_HALVES
 #define V5_DEV_KEY_HALVES 0
 #endif
+// With V5_DEV_KEY_HALVES: 0 merges four virtual ranks across the cluster (run 235); 1 folds a CTA's two
+// groups first, then merges two ranks as the tree does (fold_key_halves).
+#ifndef V5_DEV_KEY_HALVES_FOLD
+#define V5_DEV_KEY_HALVES_FOLD 0
+#endif
+// With V5_DEV_KEY_HALVES: what thread 0 sends with Q (the rest once the first K has landed): 0 every tile
+// of both groups (each group's thread 0 its own, run 235); 1 each group's first tile; 2 group 0's tiles.
+#ifndef V5_DEV_KEY_HALVES_BURST
+#define V5_DEV_KEY_HALVES_BURST 0
+#endif
