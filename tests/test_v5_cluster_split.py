@@ -17,11 +17,11 @@ from evo_sdpa.sass import dump_sass, find_sass_tools
 from test_v5_hopper import assert_matches_reference, needs_toolchain, sm90_device, v5_variant
 
 SPLIT = {"key_split": 1, "pdl": 1}   # PDL on every launch, eager ones included
-# KernelTraits<Element, D, M, N, stages, true, false, false, false>: the split traits' last five
-# arguments, mangled (2 stages, or 4 in the D=64 kernels with split_stages_d64 4); the wide split
-# kernel's (split_wide: 128 rows, 64 keys, 4 stages, no producer) end in true, false, true, false.
-SPLIT_TRAITS = re.compile(r"ELi[24]ELb1ELb0ELb0ELb0EEE")
-WIDE_TRAITS = re.compile(r"ELi64ELi128ELi64ELi4ELb1ELb0ELb1ELb0EEE")
+# KernelTraits<Element, D, M, N, stages, true, false, false>: the split traits' last four arguments,
+# mangled (2 stages, or 4 in the D=64 kernels with split_stages_d64 4); the wide split kernel's
+# (split_wide: 128 rows, 64 keys, 4 stages, no producer) end in true, false, true.
+SPLIT_TRAITS = re.compile(r"ELi[24]ELb1ELb0ELb0EEE")
+WIDE_TRAITS = re.compile(r"ELi64ELi128ELi64ELi4ELb1ELb0ELb1EEE")
 
 
 def is_split(kernel: str) -> bool:
@@ -132,10 +132,10 @@ def test_small_grids_run_the_split_kernel(split_build, grid, splits):
         torch.cuda.synchronize()
     names = [e.name for e in prof.events() if "v5_hopper_attention_fwd" in e.name]
     assert names, [e.name for e in prof.events()]
-    # KernelTraits<..., stages, split, free issue, no producer, key halves>
+    # KernelTraits<..., stages, split, free issue, no producer>
     wide = grid == (2, 8, 512) and split_build[0]["tunables"]["split_wide"] == 1
-    assert any(re.search(r", [24], true, false, false, false>", name) for name in names) == (splits and not wide), names
-    assert any(re.search(r", 4, true, false, true, false>", name) for name in names) == wide, names
+    assert any(re.search(r", [24], true, false, false>", name) for name in names) == (splits and not wide), names
+    assert any(re.search(r", 4, true, false, true>", name) for name in names) == wide, names
 
 
 @pytest.mark.gpu

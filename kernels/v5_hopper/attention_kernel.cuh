@@ -256,62 +256,23 @@ __device__ bool prefetches_inputs() {
     }
 }
 
-// Thread 0's K/V copies of a split CTA's share, sent without a producer ring (into stages not yet
-// filled, so none needs acquiring): share tiles [from, to), key tile top - i into stage base + i.
-// `parts` is key_value_partitions' (TMA sources, stages) of K and V. Inlined by force: as a
+// Thread 0's K/V copies of a split CTA's share, sent without a producer ring (one query tile, so no
+// stage is refilled and none needs acquiring): share tiles [from, to), key tile span.end - 1 - i into
+// stage i. `parts` is key_value_partitions' (TMA sources, stages) of K and V. Inlined by force: as a
 // call-site choice of the compiler, the wide kernel's copies were unrolled differently (104 more
 // instructions) from the code runs 209-219 measured.
 template <class Traits, class Parts>
 __device__ __forceinline__ void send_key_tiles(typename Traits::Params const& params,
                                                typename Traits::SharedStorage& shared, Parts const& parts,
-                                               int top, int base, int from, int to) {
+                                               evo_sm90::KeyShare span, int from, int to) {
     auto [tKg, tKs, tVg, tVs] = parts;
     for (int i = from; i < to; ++i) {
-        auto& full_k = shared.pipeline_k.full_barrier_[base + i];
-        auto& full_v = shared.pipeline_v.full_barrier_[base + i];
+        auto& full_k = shared.pipeline_k.full_barrier_[i];
+        auto& full_v = shared.pipeline_v.full_barrier_[i];
         full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
-        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k)), tKg(_, top - i), tKs(_, base + i));
+        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k)), tKg(_, span.end - 1 - i), tKs(_, i));
         full_v.arrive_and_expect_tx(Traits::kTmaBytesV);
-        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, top - i), tVs(_, base + i));
-    }
-}
-
-// A key-halves CTA's group `group` takes half of the CTA's key tiles: group 0 the upper half (the
-// last tile, masked where the keys end inside it, among them), group 1 the lower.
-__device__ __forceinline__ evo_sm90::KeyShare key_half(evo_sm90::KeyShare span, int group) {
-    const int mid = (span.begin + span.end) >> 1;
-    return group == 0 ? evo_sm90::KeyShare{mid, span.end} : evo_sm90::KeyShare{span.begin, mid};
-}
-
-// The key tiles a consumer group visits: the CTA's share, or with key halves its group's half.
-template <class Traits, class Scheduler, class Keys>
-__device__ __forceinline__ evo_sm90::KeyShare group_span(Scheduler const& scheduler, Keys const& keys, int group) {
-    const evo_sm90::KeyShare span = scheduler.key_span(keys);
-    if constexpr (Traits::kKeyHalves) return key_half(span, group);
-    return span;
-}
-
-// V5_DEV_KEY_HALVES_BURST 1 or 2: thread 0 sends both groups' tiles, the first burst with Q (`first`) and
-// the rest once the first K has landed: each group's first tile, then its second (1); group 0's tiles,
-// then group 1's (2). The host gives a group at most its stages' worth, so nothing is refilled.
-template <class Traits, bool kCausal>
-__device__ void send_halves_tiles(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                                  bool first) {
-    const TileScheduler<Traits, kCausal> scheduler{params};
-    const TileCoord tile = scheduler.coord(scheduler.first());
-    auto parts = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
-    const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
-    for (int g = 0; g < 2; ++g) {
-        const evo_sm90::KeyShare span = group_span<Traits>(scheduler, keys, g);
-        const int tiles = span.end - span.begin;
-        int from = 0, to = 0;
-        if constexpr (V5_DEV_KEY_HALVES_BURST == 1) {
-            from = first ? 0 : 1;
-            to = first ? (tiles < 1 ? tiles : 1) : tiles;
-        } else {
-            to = (g == 0) == first ? tiles : 0;
-        }
-        if (to > from) send_key_tiles<Traits>(params, shared, parts, span.end - 1, g * Traits::kStagesPerGroup, from, to);
+        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v)), tVg(_, span.end - 1 - i), tVs(_, i));
     }
 }
 
@@ -321,13 +282,11 @@ __device__ void send_halves_tiles(typename Traits::Params const& params, typenam
 // release and its pipeline objects are off the path to its first load, which they were on for a
 // CTA that enters only as one of the previous grid's leaves (NOTES.md, runs 180-181). The K/V
 // thread then goes on from the third key tile, and the Q thread has nothing to do.
-// With key halves thread 0 of each group sends its own half's first tiles into its stages, and
-// group 0's also the prefetch and Q.
 template <class Traits, bool kCausal>
 __device__ void send_first_loads(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                                 trace::Probe probe, int group = 0) {
+                                 trace::Probe probe) {
     static_assert(Traits::kSplit, "one query tile a CTA");
-    if (group == 0 && prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
+    if (prefetches_inputs<Traits>()) prefetch_inputs<Traits, kCausal>(params);
     const TileScheduler<Traits, kCausal> scheduler{params};
     const TileCoord tile = scheduler.coord(scheduler.first());
     auto parts = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
@@ -335,25 +294,15 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
     auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                     group_modes<0, 2>(query_tile<Traits>(params, tile)));
     const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
-    const evo_sm90::KeyShare span = group_span<Traits>(scheduler, keys, group);
+    const evo_sm90::KeyShare span = scheduler.key_span(keys);
     probe.mark(trace::kKvScheduled);
     probe.mark(trace::kKAcquired);
     if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
     probe.mark(trace::kPastWait);
-    if (group == 0) {
-        Traits::BarrierQ::arrive_and_expect_tx(&shared.barrier_q[0], Traits::kTmaBytesQ);
-        copy(params.tma_q.with(shared.barrier_q[0]), tQg, tQs(_, 0));
-    }
+    Traits::BarrierQ::arrive_and_expect_tx(&shared.barrier_q[0], Traits::kTmaBytesQ);
+    copy(params.tma_q.with(shared.barrier_q[0]), tQg, tQs(_, 0));
     probe.mark(trace::kQIssued);
-    if constexpr (Traits::kKeyHalves && V5_DEV_KEY_HALVES_BURST > 0) {
-        send_halves_tiles<Traits, kCausal>(params, shared, true);
-    } else if constexpr (Traits::kKeyHalves) {
-        const int tiles = span.end - span.begin;
-        send_key_tiles<Traits>(params, shared, parts, span.end - 1, group * Traits::kStagesPerGroup, 0,
-                               tiles < Traits::kStagesPerGroup ? tiles : Traits::kStagesPerGroup);
-    } else {
-        send_key_tiles<Traits>(params, shared, parts, span.end - 1, 0, 0, first_key_tiles(span));
-    }
+    send_key_tiles<Traits>(params, shared, parts, span, 0, first_key_tiles(span));
     probe.mark(trace::kKvIssued);
 }
 
@@ -376,100 +325,21 @@ __device__ void send_rest_loads(typename Traits::Params const& params, typename 
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
     probe.mark(trace::kProducerStart);
     if (span.end - span.begin > Traits::kStages) __trap();   // the host's rule broken: fail, never hang
-    send_key_tiles<Traits>(params, shared, parts, span.end - 1, 0, first_key_tiles(span), span.end - span.begin);
-}
-
-// A key-halves group's thread 0 refills the K (kV false) or V stage of `state` with key tile n, once
-// every thread of its group has released it.
-template <class Traits, bool kV>
-__device__ void refill_stage(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                             TileCoord const& tile, typename Traits::ReadState const& state, int n) {
-    static_assert(Traits::kKeyHalves, "a ring with a producer refills its own stages");
-    auto& ring = kV ? shared.pipeline_v : shared.pipeline_k;
-    const int stage = state.index();
-    ring.empty_barrier_[stage].wait(state.phase());
-    auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, shared.k.data(), shared.v.data());
-    auto& full = ring.full_barrier_[stage];
-    if constexpr (kV) {
-        full.arrive_and_expect_tx(Traits::kTmaBytesV);
-        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full)), tVg(_, n), tVs(_, stage));
-    } else {
-        full.arrive_and_expect_tx(Traits::kTmaBytesK);
-        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full)), tKg(_, n), tKs(_, stage));
-    }
+    send_key_tiles<Traits>(params, shared, parts, span, first_key_tiles(span), span.end - span.begin);
 }
 
 // A consumer releases a ring stage to its own CTA's producer. CUTLASS's PipelineTmaAsync, built for
 // a cluster of one, sends every release to block 0 of the cluster: in a split cluster that is
 // another CTA's ring, and this CTA's producer would wait for its stages forever (a hang on the
 // H100, run 20). The arrival count is the same (every consumer thread, once per stage).
-template <class Traits, class State>
+template <class Traits>
 __device__ void release_stage(typename Traits::Pipeline& pipeline, typename Traits::Pipeline::SharedStorage& ring,
-                              State const& state) {
+                              typename Traits::PipelineState const& state) {
     if constexpr (Traits::kSplit) {
         ring.empty_barrier_[state.index()].arrive();
     } else {
         pipeline.consumer_release(state);
     }
-}
-
-// A consumer waits for its stage `state` to land: a key-halves group's stages are its own, outside
-// the pipeline's state.
-template <class Traits, class State>
-__device__ __forceinline__ void wait_stage(typename Traits::Pipeline& pipeline,
-                                           typename Traits::Pipeline::SharedStorage& ring, State const& state) {
-    if constexpr (Traits::kKeyHalves) {
-        ring.full_barrier_[state.index()].wait(state.phase());
-    } else {
-        pipeline.consumer_wait(state);
-    }
-}
-
-// V5_DEV_KEY_HALVES_FOLD: row warp w's two states in a key-halves CTA (group 0's and group 1's, each
-// over half the CTA's keys) folded into one, unnormalised, by group (w >> 1) & 1, which then merges row
-// warp w across the cluster as a one-group split CTA's warp w would; the other group's warp w writes its
-// state into the receive slot 2 + w (past the cluster merge's two) and arrives on named barrier 4 + w.
-// Returns whether this warp goes on to the cluster merge.
-template <class Traits, class Softmax>
-__device__ bool fold_key_halves(typename Traits::SharedStorage& shared, Softmax& softmax, float (&whole)[2],
-                                float* values, int row_warp, int group, int lane) {
-    static_assert(Traits::kKeyHalves && Traits::kReceiveSlots >= 6, "two cluster slots, then one a row warp");
-    constexpr int kValues = (Traits::kSplitChunks - 1) * 4;
-    constexpr uint32_t kPairThreads = 64;
-    const uint32_t barrier_id = 4 + row_warp;
-    float4* slot = reinterpret_cast<float4*>(shared.receive.data() + (2 + row_warp) * Traits::kWarpStateBytes) + lane;
-    const bool folds = ((row_warp >> 1) & 1) == group;
-    if (!folds) {
-        slot[0] = make_float4(softmax.row_max[0], softmax.row_max[1], whole[0], whole[1]);
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < kValues / 4; ++i) {
-            slot[(1 + i) * 32] = make_float4(values[4 * i], values[4 * i + 1], values[4 * i + 2], values[4 * i + 3]);
-        }
-        cutlass::arch::NamedBarrier::arrive(kPairThreads, barrier_id);
-        return false;
-    }
-    cutlass::arch::NamedBarrier::sync(kPairThreads, barrier_id);
-    const float4 head = slot[0];
-    float mine[2], other[2];
-    CUTLASS_PRAGMA_UNROLL
-    for (int r = 0; r < 2; ++r) {
-        const float theirs = r == 0 ? head.x : head.y;
-        const float m = fmaxf(softmax.row_max[r], theirs);
-        const float base = softmax.scaled_max(m);   // a row neither half met a key of: weights 0, not NaN
-        mine[r] = exp2_approx(fmaf(softmax.row_max[r], softmax.scale_log2, -base));
-        other[r] = exp2_approx(fmaf(theirs, softmax.scale_log2, -base));
-        whole[r] = fmaf(r == 0 ? head.z : head.w, other[r], whole[r] * mine[r]);
-        softmax.row_max[r] = m;
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kValues / 4; ++i) {
-        const float4 o = slot[(1 + i) * 32];
-        values[4 * i] = fmaf(o.x, other[0], values[4 * i] * mine[0]);
-        values[4 * i + 1] = fmaf(o.y, other[0], values[4 * i + 1] * mine[0]);
-        values[4 * i + 2] = fmaf(o.z, other[1], values[4 * i + 2] * mine[1]);
-        values[4 * i + 3] = fmaf(o.w, other[1], values[4 * i + 3] * mine[1]);
-    }
-    return true;
 }
 
 // ptxas schedules a wgmma wait as early as its basic block allows: in the key loop, P V's wait
@@ -490,11 +360,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     using BarrierQEmpty = typename Traits::BarrierQEmpty;
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
-    // With key halves each group computes the whole 64-row tile over its half of the keys.
-    const int key_group = Traits::kKeyHalves ? consumer_thread / cutlass::NumThreadsPerWarpGroup : 0;
-    const int mma_thread = Traits::kKeyHalves ? consumer_thread % cutlass::NumThreadsPerWarpGroup : consumer_thread;
-    auto thr_qk = mma_qk.get_thread_slice(mma_thread);
-    auto thr_pv = mma_pv.get_thread_slice(mma_thread);
+    auto thr_qk = mma_qk.get_thread_slice(consumer_thread);
+    auto thr_pv = mma_pv.get_thread_slice(consumer_thread);
 
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
@@ -544,15 +411,12 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     const IssueTurn<Traits::kConsumerWarpGroups, kPingpong> turn{consumer_thread / cutlass::NumThreadsPerWarpGroup};
 
     const TileScheduler<Traits, kCausal> scheduler{params};
-    typename Traits::ReadState read_k{};   // K and V stages advance together
-    if constexpr (Traits::kKeyHalves) read_k.base = key_group * Traits::kStagesPerGroup;
-    // A key-halves group's thread 0 refills its stages (refill_stage).
-    const bool refills = Traits::kKeyHalves && mma_thread == 0;
+    typename Traits::PipelineState read_k;   // K and V stages advance together
     int tile_count = 0;
     for (int t = scheduler.first(); scheduler.valid(t); t = scheduler.next(t), ++tile_count) {
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
-        const evo_sm90::KeyShare span = group_span<Traits>(scheduler, keys, key_group);
+        const evo_sm90::KeyShare span = scheduler.key_span(keys);
         OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains, Traits::kLazyRescale> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
@@ -564,13 +428,10 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
 
         int n = span.end - 1;
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
-        wait_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+        pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
-        if constexpr (Traits::kNoProducer && !Traits::kKeyHalves) {
+        if constexpr (Traits::kNoProducer) {
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared, probe);
-        }
-        if constexpr (Traits::kKeyHalves && V5_DEV_KEY_HALVES_BURST > 0) {
-            if (consumer_thread == 0) send_halves_tiles<Traits, kCausal>(params, shared, false);
         }
         turn.wait();
         warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
@@ -579,11 +440,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         warpgroup_fence_operand(tSrS);
         if (tile_count == 0) probe.mark(trace::kFirstS);
         release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-        if constexpr (Traits::kKeyHalves) {
-            if (refills && n - Traits::kStagesPerGroup >= span.begin) {
-                refill_stage<Traits, false>(params, shared, tile, read_k, n - Traits::kStagesPerGroup);
-            }
-        }
         if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
         // In the split kernels each tile's P waits in its own fragment until the next pass, which
         // converts it, with O's rescale vote, under its Q K^T (FA3's order within a warp group):
@@ -617,8 +473,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             ++pass;
 #endif
             V5_STEP_PROBE(kStep1Top);
-            wait_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-            wait_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
+            pipeline_k.consumer_wait(read_k);
+            pipeline_v.consumer_wait(read_v);
             turn.wait();
             warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             if constexpr (kConvertUnderQk) {
@@ -632,11 +488,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             warpgroup_fence_operand(tSrS);
             V5_STEP_PROBE(kStep1S);
             release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-            if constexpr (Traits::kKeyHalves) {
-                if (refills && n - Traits::kStagesPerGroup >= span.begin) {
-                    refill_stage<Traits, false>(params, shared, tile, read_k, n - Traits::kStagesPerGroup);
-                }
-            }
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
             bool rescaled;
             if constexpr (Traits::kOptimisticMax) {
@@ -650,11 +501,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             warpgroup_fence_operand(tOrO);
             V5_STEP_PROBE(kStep1Pv);
             release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
-            if constexpr (Traits::kKeyHalves) {   // read_v holds key tile n + 1
-                if (refills && n + 1 - Traits::kStagesPerGroup >= span.begin) {
-                    refill_stage<Traits, true>(params, shared, tile, read_v, n + 1 - Traits::kStagesPerGroup);
-                }
-            }
             if constexpr (kConvertUnderQk) {
                 rescaled_last = rescaled;
             } else {
@@ -678,7 +524,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
             tOrP = p_operand();
         }
-        wait_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
+        pipeline_v.consumer_wait(read_v);
         turn.wait();
         warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         if (!turn.is_last()) turn.pass();
@@ -705,24 +551,11 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             // was let in after the first softmax, above; at entry, its CTAs would wait on SMs this
             // grid still needs: v4_pipelined's NOTES.md, runs 6-7).
             if constexpr (kPdlKernel<Traits>) evo_sm90::allow_next_grid();
-            constexpr bool kFoldHalves = Traits::kKeyHalves && V5_DEV_KEY_HALVES_FOLD;
-            int merge_warp = consumer_thread / 32;
-            if constexpr (kFoldHalves) {
-                // The two groups' states of a row warp folded in the CTA first, by the group that then
-                // merges that row warp across the cluster (fold_key_halves); the other group is done.
-                const int row_warp = merge_warp & 3;
-                if (!fold_key_halves<Traits>(shared, softmax, whole, o_rc.data(), row_warp, merge_warp >> 2,
-                                             consumer_thread % 32)) {
-                    return;
-                }
-                merge_warp = row_warp;
-            }
-            const ClusterMerge<Traits> cluster{shared, Traits::kKeyHalves && !kFoldHalves ? 2 * params.key_splits
-                                                                                       : params.key_splits};
+            const ClusterMerge<Traits> cluster{shared, params.key_splits};
             // The owner's O comes back normalised. It stores the first half of the columns between its
             // two landings, under the second half's flight (NOTES.md, run 170), and the rest after.
             constexpr int kFirstColumns = 2 * (Traits::kFirstLanding - 1);   // chunk 1 + i: columns 2i, 2i + 1
-            const bool owner = cluster.merge(softmax, whole, o_rc, merge_warp, consumer_thread % 32,
+            const bool owner = cluster.merge(softmax, whole, o_rc, consumer_thread / 32, consumer_thread % 32,
                                               tile_count == 0 ? probe : trace::Probe{},
                                               [&] { store_columns(Int<0>{}, Int<kFirstColumns>{}); });
             if (tile_count == 0) probe.mark(trace::kMerged);
@@ -754,7 +587,7 @@ __device__ void init_ring_barriers(typename Traits::Pipeline::SharedStorage& rin
     CUTLASS_PRAGMA_UNROLL
     for (int stage = 0; stage < Traits::kStages; ++stage) {
         ring.full_barrier_[stage].init(1);
-        ring.empty_barrier_[stage].init(Traits::kStageReleasers);
+        ring.empty_barrier_[stage].init(Traits::kConsumerThreads);
     }
 }
 
@@ -855,12 +688,7 @@ v5_hopper_attention_fwd(CUTE_GRID_CONSTANT typename Traits::Params const params)
             produce_kv<Traits, kCausal, Rings::kV>(params, shared, pipeline_k, pipeline_v, trace::Probe{});
         }
     } else {
-        if constexpr (Traits::kKeyHalves) {
-            if (V5_DEV_KEY_HALVES_BURST > 0 ? threadIdx.x == 0 : threadIdx.x % cutlass::NumThreadsPerWarpGroup == 0) {
-                send_first_loads<Traits, kCausal>(params, shared, threadIdx.x == 0 ? probe : trace::Probe{},
-                                                  warp_group);
-            }
-        } else if constexpr (Traits::kNoProducer) {
+        if constexpr (Traits::kNoProducer) {
             if (threadIdx.x == 0) send_first_loads<Traits, kCausal>(params, shared, probe);
         } else if constexpr (!kKeepLaunchRegisters) {
             cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegisters>();

@@ -3,11 +3,6 @@
 // take the same query tile and a contiguous share of its key tiles each (TileScheduler::key_span),
 // so each ends its key loop with a partial softmax state (max, sum, unnormalised O) of every row.
 //
-// A key-halves CTA (Traits::kKeyHalves, V5_DEV_KEY_HALVES) of a cluster of 2 has four virtual ranks:
-// rank r's group g is virtual rank 2r + g (warp w of group g holds the rows of row warp w % 4). Row
-// warp w is owned by virtual rank w, so by CTA w / 2 and its group w % 2; its three other states land
-// in that CTA's slots, the one of the owner's own CTA pushed into its own shared memory.
-//
 // The merge is pushed: the rows of consumer warp w are finished by rank w % S, its owner; every
 // other rank's warp w writes its state with st.async into the owner's receive slots, counted in
 // bytes on the owner's two barriers for that warp (the head and the first half of O on one, the
@@ -91,11 +86,9 @@ struct ClusterMerge {
         static_assert(is_static<RowCol>::value && RowCol{}(0, 1) == 1 && RowCol{}(1, 0) == 2 && RowCol{}(0, 2) == 4,
                       "a chunk is a column pair of row 0, then of row 1");
         auto* values = o.data();
-        constexpr bool kHalves = Traits::kKeyHalves && !V5_DEV_KEY_HALVES_FOLD;   // four virtual ranks
-        const int rank = kHalves ? evo_sm90::cluster_rank() * 2 + (warp >> 2) : evo_sm90::cluster_rank();
-        const int row_warp = kHalves ? warp & 3 : warp;
-        const int owner = row_warp & (splits - 1);
-        const int owned = kHalves ? row_warp & 1 : row_warp >> shift();
+        const int rank = evo_sm90::cluster_rank();
+        const int owner = warp & (splits - 1);
+        const int owned = warp >> shift();
         const uint32_t receive = cute::cast_smem_ptr_to_uint(shared.receive.data());
         // Every rank's barriers exist. Owners wait too, though on the card only a pusher needs to:
         // compute-sanitizer's racecheck follows a push only past the owner's own wait (NOTES.md,
@@ -103,10 +96,9 @@ struct ClusterMerge {
         evo_sm90::cluster_wait();
         probe.mark(trace::kMergeReady);
         if (owner != rank) {
-            const int target = kHalves ? owner >> 1 : owner;   // the owner's CTA
-            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank < owner ? rank : rank - 1), target);
-            const uint32_t first = evo_sm90::map_to_rank(barrier(owned, 0), target);
-            const uint32_t second = evo_sm90::map_to_rank(barrier(owned, 1), target);
+            const uint32_t slot = evo_sm90::map_to_rank(receive + slot_offset(owned, rank < owner ? rank : rank - 1), owner);
+            const uint32_t first = evo_sm90::map_to_rank(barrier(owned, 0), owner);
+            const uint32_t second = evo_sm90::map_to_rank(barrier(owned, 1), owner);
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
             evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1], first);
             CUTLASS_PRAGMA_UNROLL

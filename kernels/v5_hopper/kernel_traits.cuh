@@ -18,31 +18,14 @@ namespace v5_hopper {
 
 using namespace cute;
 
-// A key-halves group's place in its own stages [base, base + kCount): its i-th key tile lies in stage
-// base + i % kCount, filled for the (i / kCount)-th time (the phase a wait or a release expects).
-template <int kCount>
-struct GroupStage {
-    int base;
-    int count = 0;
-    __device__ int index() const { return base + count % kCount; }
-    __device__ uint32_t phase() const { return uint32_t(count / kCount) & 1u; }
-    __device__ GroupStage& operator++() {
-        ++count;
-        return *this;
-    }
-};
-
 // kSplit_: the kernel of a cluster key split (cluster_merge.cuh): the CTAs of a cluster share one
 // query tile's key tiles and merge their states; one query tile per CTA, so one Q buffer.
 // kFreeIssue_: the consumer warp groups issue without taking turns, and each one's softmax runs
 // under its own P V (free_issue_d128_min_keys: the long D=128 non-causal shapes).
 // kNoProducer_: a split CTA of consumer warp groups alone (split_wide), whose whole key share fits its
 // stages; thread 0 sends every load, and no warp group trades registers.
-// kKeyHalves_: a 64-row CTA without a producer whose two consumer warp groups take the two halves of
-// the query tile's keys, each in its own half of the stages, loaded and refilled by the group's thread
-// 0, and fold their states in shared memory at the end (ClusterMerge, one CTA).
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, bool kSplit_ = false,
-          bool kFreeIssue_ = false, bool kNoProducer_ = false, bool kKeyHalves_ = false>
+          bool kFreeIssue_ = false, bool kNoProducer_ = false>
 struct KernelTraits {
     using Element = Element_;
     using ElementAccum = float;
@@ -54,31 +37,25 @@ struct KernelTraits {
     static constexpr bool kSplit = kSplit_;
     static constexpr bool kFreeIssue = kFreeIssue_;
     static constexpr bool kNoProducer = kNoProducer_;
-    static constexpr bool kKeyHalves = kKeyHalves_;
     static_assert(!kNoProducer || kSplit, "only a split CTA runs without a producer warp group");
-    static_assert(!kKeyHalves || (kNoProducer && kBlockM_ == 64 && kStages_ % 2 == 0),
-                  "key halves: a 64-row CTA without a producer, half the stages a group");
-    static constexpr int kKeyGroups = kKeyHalves ? 2 : 1;              // consumer groups a query row has
-    static constexpr int kStagesPerGroup = kStages_ / kKeyGroups;
     static_assert(!(kSplit && kFreeIssue), "a split CTA has one consumer warp group: nothing to take turns with");
     // kv_producers 2: the K ring and the V ring each have a loading thread of their own (not in the
     // split kernels, whose start-of-call burst is tuned as one thread issues it: NOTES.md, run 44).
     static_assert(V5_HOPPER_KV_PRODUCERS == 1 || V5_HOPPER_KV_PRODUCERS == 2, "kv_producers: 1 or 2");
     static constexpr bool kSeparateV = V5_HOPPER_KV_PRODUCERS == 2 && !kSplit;
-    static constexpr int kRowGroups = kBlockM / 64;                     // 64-row slabs of the tile
-    static constexpr int kConsumerWarpGroups = kRowGroups * kKeyGroups;
+    static constexpr int kConsumerWarpGroups = kBlockM / 64;
     static constexpr int kConsumerThreads = kConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
     // + the producer group, unless kNoProducer
     static constexpr int kThreads = kConsumerThreads + (kNoProducer ? 0 : cutlass::NumThreadsPerWarpGroup);
     static_assert(kConsumerWarpGroups >= 1 && kConsumerWarpGroups <= 3 && kBlockM % 64 == 0,
                   "64, 128 or 192 query rows per CTA");
-    static_assert(kRowGroups > 1 || kSplit, "64-row tiles only for the split kernels (split_block_m)");
+    static_assert(kConsumerWarpGroups > 1 || kSplit, "64-row tiles only for the split kernels (split_block_m)");
     static_assert(kHeadDim % 64 == 0, "head dim: whole 128-byte swizzle atoms");
     static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "keys per stage: a wgmma N (and P V K) of 16..256");
 
     using TileShapeQK = Shape<Int<kBlockM>, Int<kBlockN>, Int<kHeadDim>>;   // S = Q K^T: (M, N, K=D)
     using TileShapePV = Shape<Int<kBlockM>, Int<kHeadDim>, Int<kBlockN>>;   // O += P V: (M, N=D, K=keys)
-    using AtomLayoutMma = Layout<Shape<Int<kRowGroups>, _1, _1>>;   // one 64-row slab per warp group
+    using AtomLayoutMma = Layout<Shape<Int<kConsumerWarpGroups>, _1, _1>>;   // one 64-row slab per warp group
 
     // Q K^T: both operands in shared memory, K-major (D contiguous in Q and K).
     using TiledMmaQK = decltype(make_tiled_mma(
@@ -145,7 +122,7 @@ struct KernelTraits {
     static constexpr bool kTmaEpilogue = V5_HOPPER_TMA_EPILOGUE && !kSplit;   // a split stores from registers
     using SlabShapeO = Shape<_64, Int<kHeadDim>>;
     using SmemLayoutO = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                               Shape<_64, Int<kHeadDim>, Int<kRowGroups>>{}));
+                                               Shape<_64, Int<kHeadDim>, Int<kConsumerWarpGroups>>{}));
     using TmaO = decltype(make_tma_copy(
         SM90_TMA_STORE{},
         make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{}, StrideQK{}),
@@ -169,10 +146,7 @@ struct KernelTraits {
     static constexpr int kSplitChunks = 1 + kHeadDim / 8;
     static constexpr int kChunkBytes = 16 * 32;   // a chunk: 16 bytes in each of a warp's lanes
     static constexpr int kWarpStateBytes = kSplitChunks * kChunkBytes;
-    // Key halves in a cluster of 2: two owned row warps a CTA, three other states each (ClusterMerge).
-    static constexpr int kReceiveSlots = kKeyHalves ? 2 * 3 : kConsumerWarps - kConsumerWarps / kMaxSplits;
-    // The consumer threads that release a stage: its group's.
-    static constexpr int kStageReleasers = kConsumerThreads / kKeyGroups;
+    static constexpr int kReceiveSlots = kConsumerWarps - kConsumerWarps / kMaxSplits;
     static constexpr int kMostOwnedWarps = kConsumerWarps / 2;
     // An owned warp's states land on two barriers: chunks [0, kFirstLanding) (the head and the first
     // half of O) on the first, the rest on the second (ClusterMerge).
@@ -183,8 +157,6 @@ struct KernelTraits {
     using BarrierQ = cutlass::arch::ClusterTransactionBarrier;   // Q's TMA completes on it
     using BarrierQEmpty = cutlass::arch::ClusterBarrier;          // consumers release Q on it
     using PipelineState = typename Pipeline::PipelineState;
-    // A consumer's place in the K and V stages.
-    using ReadState = cute::conditional_t<kKeyHalves, GroupStage<kStagesPerGroup>, PipelineState>;
 
     // The CTA's shared memory with kBuffers Q buffers (kQBuffers below).
     template <int kBuffers>

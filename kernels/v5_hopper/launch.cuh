@@ -248,9 +248,6 @@ struct Kernels {
     // split_wide: 128-row split CTAs of two consumer groups and no producer, at D=64 with four 64-key
     // stages (about 110 KB), two to an SM by their 128 registers a thread.
     using WideSplit = KernelTraits<Element, kHeadDim, 128, 64, 4, true, false, true>;
-    // V5_DEV_KEY_HALVES: 64-row split CTAs of two consumer groups, each on half of the CTA's key share in
-    // two 64-key stages of its own, no producer, two to an SM; a cluster of 2 merges four states a row.
-    using HalvesSplit = KernelTraits<Element, kHeadDim, 64, 64, 4, true, false, true, true>;
     static constexpr bool kFreeIssueKernel = kHeadDim == 128 && V5_HOPPER_FREE_ISSUE_D128_MIN_KEYS > 0;
 
     // The split never gives a CTA fewer than about 128 keys, whatever the stage: 4 CTAs of one 64-key
@@ -280,17 +277,6 @@ struct Kernels {
         if (splits != 2 || split_m_blocks(seq_len) * heads_total * splits <= sms) return false;
         if (wide_tiles * splits > sms || (key_tiles + splits - 1) / splits > WideSplit::kStages) return false;
         return WideSplit::kMinBlocksPerSm >= 2 && wide_tiles <= max_active_clusters<WideSplit, false>(splits);
-    }
-
-    // V5_DEV_KEY_HALVES: where the 64-row split grid of two ranks has more CTAs than SMs, fits them at two an
-    // SM, and every group's half of a share (4 to 8 key tiles a query tile) fits its two stages.
-    static bool runs_halves(int64_t heads_total, int seq_len, int splits) {
-        const int64_t sms = sm_count();
-        const int64_t tiles = split_m_blocks(seq_len) * heads_total;
-        const int key_tiles = (seq_len + HalvesSplit::kBlockN - 1) / HalvesSplit::kBlockN;
-        if (splits != 2 || tiles * splits <= sms || tiles * splits > sms * HalvesSplit::kMinBlocksPerSm) return false;
-        if (key_tiles < 4 || key_tiles > 4 * HalvesSplit::kStagesPerGroup) return false;
-        return HalvesSplit::kMinBlocksPerSm == 2 && tiles <= max_active_clusters<HalvesSplit, false>(splits);
     }
 
     static int unsplit(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads,
@@ -325,13 +311,6 @@ struct Kernels {
         if constexpr (V5_HOPPER_KEY_SPLIT) {
             const int64_t heads_total = int64_t(heads) * batch;
             const int splits = splits_for(split_m_blocks(seq_len) * heads_total, seq_len);
-            if constexpr (V5_DEV_KEY_HALVES && kHeadDim == 64) {
-                if (runs_halves(heads_total, seq_len, splits)) {
-                    auto params = make_params<HalvesSplit>(q, k, v, o, batch, heads, seq_len, scale);
-                    params.key_splits = splits;
-                    return launch_traits<HalvesSplit, false>(params, stream);
-                }
-            }
             if constexpr (V5_HOPPER_SPLIT_WIDE && kHeadDim == 64) {
                 if (runs_wide(heads_total, seq_len, splits)) {
                     auto params = make_params<WideSplit>(q, k, v, o, batch, heads, seq_len, scale);

@@ -147,20 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): a D=64 split grid of two ranks that fills both slots of every SM runs 64-row
-// CTAs of two consumer groups without a producer, each group on half of the CTA's key share in its own
-// stages (kKeyHalves), so an SM sub-partition holds four consumer warps where it held two (NOTES.md, run 235).
-#ifndef V5_DEV_KEY_HALVES
-#define V5_DEV_KEY_HALVES 0
-#endif
-// With V5_DEV_KEY_HALVES: 0 merges four virtual ranks across the cluster (run 235); 1 folds a CTA's two
-// groups first, then merges two ranks as the tree does (fold_key_halves).
-#ifndef V5_DEV_KEY_HALVES_FOLD
-#define V5_DEV_KEY_HALVES_FOLD 0
-#endif
-// With V5_DEV_KEY_HALVES: what thread 0 sends with Q (the rest once the first K has landed): 0 every tile
-// of both groups (each group's thread 0 its own, run 235); 1 each group's first tile; 2 group 0's tiles.
-#ifndef V5_DEV_KEY_HALVES_BURST
-#define V5_DEV_KEY_HALVES_BURST 0
-#endif
