@@ -496,13 +496,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
                 rescaled = softmax.template update<false>(s_rc, o_scale);
             }
             if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
-#if V5_DEV_PASS_SPIN
-            // Diagnostic: each later pass of a D=64 split CTA held this many cycles after its softmax.
-            if constexpr (Traits::kSplit && Traits::kHeadDim == 64) {
-                const long long spin_start = clock64();
-                while (clock64() - spin_start < V5_DEV_PASS_SPIN) {}
-            }
-#endif
             V5_STEP_PROBE(kStep1Softmax);
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
@@ -539,13 +532,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // A split CTA's whole sums, for its push or its fold, under the last P V.
         [[maybe_unused]] float whole[kRows];
         if constexpr (Traits::kSplit) softmax.whole_sums(whole);
-#if V5_DEV_MERGE_SPIN
-        // Diagnostic: a D=64 split CTA held this many cycles between its last P V's issue and the merge.
-        if constexpr (Traits::kSplit && Traits::kHeadDim == 64) {
-            const long long spin_start = clock64();
-            while (clock64() - spin_start < V5_DEV_MERGE_SPIN) {}
-        }
-#endif
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         if (tile_count == 0) probe.mark(trace::kLastPv);

@@ -147,12 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-// Development macros (off, diagnostic, run 240): the D=64 split CTAs spin this many cycles after each later
-// pass's softmax (PASS) or once before the merge (MERGE), to price the loop's and the merge's latency on
-// the call's path.
-#ifndef V5_DEV_PASS_SPIN
-#define V5_DEV_PASS_SPIN 0
-#endif
-#ifndef V5_DEV_MERGE_SPIN
-#define V5_DEV_MERGE_SPIN 0
-#endif
