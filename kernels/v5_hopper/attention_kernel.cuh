@@ -149,47 +149,6 @@ __device__ __forceinline__ int first_key_tiles(evo_sm90::KeyShare const& span) {
 template <class Traits>
 constexpr bool kEarlyLoads = Traits::kSplit && Traits::kHeadDim == 128;
 
-// V5_DEV_BURST_BARRIERS: a D=64 split CTA with a producer whose share fits its stages (nothing refilled)
-// loads its key tiles in two bursts, each completing on one barrier: the first two tiles' K and V on
-// stage 0's K barrier, the rest's on stage 2's. The consumers then wait twice a share (before the first
-// tile and before the third) instead of on every K and V stage (NOTES.md, run 241).
-template <class Traits>
-constexpr bool kBurstBarriers = V5_DEV_BURST_BARRIERS && Traits::kSplit && Traits::kHeadDim == 64 &&
-                                !Traits::kNoProducer && Traits::kStages >= 4;
-// Whether this CTA's share takes the two bursts.
-template <class Traits>
-__device__ __forceinline__ bool burst_share(evo_sm90::KeyShare const& span) {
-    if constexpr (kBurstBarriers<Traits>) {
-        return span.end - span.begin <= Traits::kStages;
-    } else {
-        return false;
-    }
-}
-
-// The producer thread's two bursts (kBurstBarriers): key tile span.end - 1 - i into stage i.
-template <class Traits, class Parts>
-__device__ void send_burst_tiles(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                                 Parts const& parts, evo_sm90::KeyShare const& span) {
-    const int tiles = span.end - span.begin;
-    const int first = tiles < kFirstKeyTiles ? tiles : kFirstKeyTiles;
-    const auto send = [&](int barrier_stage, int from, int to) {
-        auto& full = shared.pipeline_k.full_barrier_[barrier_stage];
-        full.arrive_and_expect_tx(uint32_t(to - from) * (Traits::kTmaBytesK + Traits::kTmaBytesV));
-        for (int i = from; i < to; ++i) {
-            copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full)), get<0>(parts)(_, span.end - 1 - i),
-                 get<1>(parts)(_, i));
-            copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full)), get<2>(parts)(_, span.end - 1 - i),
-                 get<3>(parts)(_, i));
-        }
-    };
-    if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
-    send(0, 0, first);
-    if (tiles > first) {
-        shared.pipeline_k.full_barrier_[0].wait(0);
-        send(kFirstKeyTiles, first, tiles);
-    }
-}
-
 // The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings. With
 // Traits::kSeparateV it fills the K ring alone and a thread of warp 2 the V ring, so a K load never
 // waits behind the release of a V stage, which comes a step later.
@@ -212,14 +171,6 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
         if (first_load) probe.mark(trace::kKvScheduled);
-        if constexpr (kBurstBarriers<Traits> && kRings == Rings::kBoth) {
-            if (burst_share<Traits>(span)) {
-                send_burst_tiles<Traits>(params, shared, cute::make_tuple(tKg, tKs, tVg, tVs), span);
-                for (int n = span.begin; n < span.end; ++n) ++write;
-                first_load = false;
-                continue;
-            }
-        }
         int first_n = span.end - 1;
         if constexpr (kFirstSent) {
             const int sent = first_key_tiles(span);
@@ -466,7 +417,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
-        const bool burst = burst_share<Traits>(span);   // kBurstBarriers: two waits a share
         OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains, Traits::kLazyRescale> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
@@ -523,8 +473,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             ++pass;
 #endif
             V5_STEP_PROBE(kStep1Top);
-            if (!burst || read_k.index() == kFirstKeyTiles) pipeline_k.consumer_wait(read_k);
-            if (!burst) pipeline_v.consumer_wait(read_v);
+            pipeline_k.consumer_wait(read_k);
+            pipeline_v.consumer_wait(read_v);
             turn.wait();
             warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             if constexpr (kConvertUnderQk) {
@@ -574,7 +524,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
             tOrP = p_operand();
         }
-        if (!burst) pipeline_v.consumer_wait(read_v);
+        pipeline_v.consumer_wait(read_v);
         turn.wait();
         warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         if (!turn.is_last()) turn.pass();

@@ -147,8 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-// Development macro (off): a D=64 split CTA whose share fits its stages loads it in two bursts on one
-// barrier each, and its consumers wait twice a share instead of on every stage (kBurstBarriers, run 241).
-#ifndef V5_DEV_BURST_BARRIERS
-#define V5_DEV_BURST_BARRIERS 0
-#endif
