@@ -149,6 +149,58 @@ __device__ __forceinline__ int first_key_tiles(evo_sm90::KeyShare const& span) {
 template <class Traits>
 constexpr bool kEarlyLoads = Traits::kSplit && Traits::kHeadDim == 128;
 
+// V5_DEV_STAGED_BARRIERS: a D=64 split CTA with a producer whose share fits its stages (nothing refilled)
+// has its copies complete on three barriers, each holding what one wait needs and nothing needed later:
+// K0 on stage 0's K barrier (the first tile's wait), V0 and K1 on stage 1's (pass 1's), V1 and the rest on
+// stage 2's (pass 2's); the rest still goes out once K0 lands. Its consumers wait three times a share
+// (and a share of one or two tiles once more, before its last P V) instead of on every K and V stage
+// (NOTES.md, run 242; run 241 shared one barrier among tiles needed apart and lost 0.2 us).
+template <class Traits>
+constexpr bool kStagedBarriers = V5_DEV_STAGED_BARRIERS && Traits::kSplit && Traits::kHeadDim == 64 &&
+                                 !Traits::kNoProducer && Traits::kStages >= 4;
+// Whether this CTA's share takes the staged barriers.
+template <class Traits>
+__device__ __forceinline__ bool staged_share(evo_sm90::KeyShare const& span) {
+    if constexpr (kStagedBarriers<Traits>) {
+        return span.end - span.begin <= Traits::kStages;
+    } else {
+        return false;
+    }
+}
+
+// The producer thread's copies under kStagedBarriers: key tile span.end - 1 - i into stage i.
+template <class Traits, class Parts>
+__device__ void send_staged_tiles(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
+                                  Parts const& parts, evo_sm90::KeyShare const& span) {
+    const int tiles = span.end - span.begin;
+    auto& full = shared.pipeline_k.full_barrier_;
+    const auto copy_k = [&](int i, int barrier) {
+        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full[barrier])), get<0>(parts)(_, span.end - 1 - i),
+             get<1>(parts)(_, i));
+    };
+    const auto copy_v = [&](int i, int barrier) {
+        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full[barrier])), get<2>(parts)(_, span.end - 1 - i),
+             get<3>(parts)(_, i));
+    };
+    if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
+    full[0].arrive_and_expect_tx(Traits::kTmaBytesK);
+    copy_k(0, 0);
+    full[1].arrive_and_expect_tx(Traits::kTmaBytesV + (tiles > 1 ? Traits::kTmaBytesK : 0u));
+    copy_v(0, 1);
+    if (tiles > 1) {
+        copy_k(1, 1);
+        full[2].arrive_and_expect_tx(Traits::kTmaBytesV + uint32_t(tiles - 2) * (Traits::kTmaBytesK + Traits::kTmaBytesV));
+        copy_v(1, 2);
+    }
+    if (tiles > 2) {
+        full[0].wait(0);   // the rest once K0 has landed, as the tree sends it (NOTES.md, run 38)
+        for (int i = 2; i < tiles; ++i) {
+            copy_k(i, 2);
+            copy_v(i, 2);
+        }
+    }
+}
+
 // The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings. With
 // Traits::kSeparateV it fills the K ring alone and a thread of warp 2 the V ring, so a K load never
 // waits behind the release of a V stage, which comes a step later.
@@ -171,6 +223,14 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
         if (first_load) probe.mark(trace::kKvScheduled);
+        if constexpr (kStagedBarriers<Traits> && kRings == Rings::kBoth) {
+            if (staged_share<Traits>(span)) {
+                send_staged_tiles<Traits>(params, shared, cute::make_tuple(tKg, tKs, tVg, tVs), span);
+                for (int n = span.begin; n < span.end; ++n) ++write;
+                first_load = false;
+                continue;
+            }
+        }
         int first_n = span.end - 1;
         if constexpr (kFirstSent) {
             const int sent = first_key_tiles(span);
@@ -417,6 +477,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
+        const bool staged = staged_share<Traits>(span);   // kStagedBarriers: three waits a share
         OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains, Traits::kLazyRescale> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
@@ -473,8 +534,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             ++pass;
 #endif
             V5_STEP_PROBE(kStep1Top);
-            pipeline_k.consumer_wait(read_k);
-            pipeline_v.consumer_wait(read_v);
+            // kStagedBarriers: stage i's K barrier holds what pass i needs for i <= 2, and pass 3 needs nothing new.
+            if (!staged || read_k.index() <= 2) pipeline_k.consumer_wait(read_k);
+            if (!staged) pipeline_v.consumer_wait(read_v);
             turn.wait();
             warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             if constexpr (kConvertUnderQk) {
@@ -524,7 +586,11 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
             tOrP = p_operand();
         }
-        pipeline_v.consumer_wait(read_v);
+        if (!staged) {
+            pipeline_v.consumer_wait(read_v);
+        } else if (span.end - span.begin <= 2) {   // the last V is on a barrier no pass waited for
+            shared.pipeline_k.full_barrier_[span.end - span.begin].wait(0);
+        }
         turn.wait();
         warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         if (!turn.is_last()) turn.pass();
