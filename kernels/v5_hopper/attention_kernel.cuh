@@ -168,36 +168,45 @@ __device__ __forceinline__ bool staged_share(evo_sm90::KeyShare const& span) {
     }
 }
 
-// The producer thread's copies under kStagedBarriers: key tile span.end - 1 - i into stage i.
+// Under kStagedBarriers, the stage whose K barrier key tile i's K (or V) completes on: the one mapping
+// both the producer's copies and the consumers' waits read. Pass p (tile p) waits on barrier p for p <= 2,
+// which holds its K and the V of tile p - 1; later passes wait on nothing.
+__device__ __forceinline__ int staged_k_barrier(int i) { return i < 2 ? i : 2; }
+__device__ __forceinline__ int staged_v_barrier(int i) { return i < 1 ? 1 : 2; }
+
+// The producer thread's copies under kStagedBarriers: key tile span.end - 1 - i into stage i, each barrier
+// armed with the bytes that complete on it, the rest sent once K0 has landed, as the tree sends it
+// (NOTES.md, run 38).
 template <class Traits, class Parts>
 __device__ void send_staged_tiles(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
                                   Parts const& parts, evo_sm90::KeyShare const& span) {
     const int tiles = span.end - span.begin;
     auto& full = shared.pipeline_k.full_barrier_;
-    const auto copy_k = [&](int i, int barrier) {
-        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full[barrier])), get<0>(parts)(_, span.end - 1 - i),
-             get<1>(parts)(_, i));
+    const auto send = [&](int i) {
+        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full[staged_k_barrier(i)])),
+             get<0>(parts)(_, span.end - 1 - i), get<1>(parts)(_, i));
+        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full[staged_v_barrier(i)])),
+             get<2>(parts)(_, span.end - 1 - i), get<3>(parts)(_, i));
     };
-    const auto copy_v = [&](int i, int barrier) {
-        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full[barrier])), get<2>(parts)(_, span.end - 1 - i),
-             get<3>(parts)(_, i));
-    };
-    if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
-    full[0].arrive_and_expect_tx(Traits::kTmaBytesK);
-    copy_k(0, 0);
-    full[1].arrive_and_expect_tx(Traits::kTmaBytesV + (tiles > 1 ? Traits::kTmaBytesK : 0u));
-    copy_v(0, 1);
-    if (tiles > 1) {
-        copy_k(1, 1);
-        full[2].arrive_and_expect_tx(Traits::kTmaBytesV + uint32_t(tiles - 2) * (Traits::kTmaBytesK + Traits::kTmaBytesV));
-        copy_v(1, 2);
-    }
-    if (tiles > 2) {
-        full[0].wait(0);   // the rest once K0 has landed, as the tree sends it (NOTES.md, run 38)
-        for (int i = 2; i < tiles; ++i) {
-            copy_k(i, 2);
-            copy_v(i, 2);
+    // Unrolled over the stages, so every index is a constant and the counts stay in registers.
+    uint32_t bytes[3] = {0, 0, 0};
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < Traits::kStages; ++i) {
+        if (i < tiles) {
+            bytes[staged_k_barrier(i)] += Traits::kTmaBytesK;
+            bytes[staged_v_barrier(i)] += Traits::kTmaBytesV;
         }
+    }
+    if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
+    CUTLASS_PRAGMA_UNROLL
+    for (int b = 0; b < 3; ++b) {
+        if (bytes[b] > 0) full[b].arrive_and_expect_tx(bytes[b]);
+    }
+    const int first = tiles < kFirstKeyTiles ? tiles : kFirstKeyTiles;
+    for (int i = 0; i < first; ++i) send(i);
+    if (tiles > first) {
+        full[0].wait(0);
+        for (int i = first; i < tiles; ++i) send(i);
     }
 }
 
@@ -534,8 +543,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             ++pass;
 #endif
             V5_STEP_PROBE(kStep1Top);
-            // kStagedBarriers: stage i's K barrier holds what pass i needs for i <= 2, and pass 3 needs nothing new.
-            if (!staged || read_k.index() <= 2) pipeline_k.consumer_wait(read_k);
+            // kStagedBarriers: pass p's K and the previous tile's V are on barrier staged_k_barrier(p), waited
+            // for once, by the first pass that needs it.
+            if (!staged || read_k.index() == staged_k_barrier(read_k.index())) pipeline_k.consumer_wait(read_k);
             if (!staged) pipeline_v.consumer_wait(read_v);
             turn.wait();
             warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
@@ -588,8 +598,11 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         }
         if (!staged) {
             pipeline_v.consumer_wait(read_v);
-        } else if (span.end - span.begin <= 2) {   // the last V is on a barrier no pass waited for
-            shared.pipeline_k.full_barrier_[span.end - span.begin].wait(0);
+        } else {   // the last V, where no pass waited for its barrier
+            const int last = span.end - span.begin - 1;
+            if (staged_v_barrier(last) > staged_k_barrier(last)) {
+                shared.pipeline_k.full_barrier_[staged_v_barrier(last)].wait(0);
+            }
         }
         turn.wait();
         warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
