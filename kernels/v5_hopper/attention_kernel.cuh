@@ -149,67 +149,6 @@ __device__ __forceinline__ int first_key_tiles(evo_sm90::KeyShare const& span) {
 template <class Traits>
 constexpr bool kEarlyLoads = Traits::kSplit && Traits::kHeadDim == 128;
 
-// V5_DEV_STAGED_BARRIERS: a D=64 split CTA with a producer whose share fits its stages (nothing refilled)
-// has its copies complete on three barriers, each holding what one wait needs and nothing needed later:
-// K0 on stage 0's K barrier (the first tile's wait), V0 and K1 on stage 1's (pass 1's), V1 and the rest on
-// stage 2's (pass 2's); the rest still goes out once K0 lands. Its consumers wait three times a share
-// (and a share of one or two tiles once more, before its last P V) instead of on every K and V stage
-// (NOTES.md, run 242; run 241 shared one barrier among tiles needed apart and lost 0.2 us).
-template <class Traits>
-constexpr bool kStagedBarriers = V5_DEV_STAGED_BARRIERS && Traits::kSplit && Traits::kHeadDim == 64 &&
-                                 !Traits::kNoProducer && Traits::kStages >= 4;
-// Whether this CTA's share takes the staged barriers.
-template <class Traits>
-__device__ __forceinline__ bool staged_share(evo_sm90::KeyShare const& span) {
-    if constexpr (kStagedBarriers<Traits>) {
-        return span.end - span.begin <= Traits::kStages;
-    } else {
-        return false;
-    }
-}
-
-// Under kStagedBarriers, the stage whose K barrier key tile i's K (or V) completes on: the one mapping
-// both the producer's copies and the consumers' waits read. Pass p (tile p) waits on barrier p for p <= 2,
-// which holds its K and the V of tile p - 1; later passes wait on nothing.
-__device__ __forceinline__ int staged_k_barrier(int i) { return i < 2 ? i : 2; }
-__device__ __forceinline__ int staged_v_barrier(int i) { return i < 1 ? 1 : 2; }
-
-// The producer thread's copies under kStagedBarriers: key tile span.end - 1 - i into stage i, each barrier
-// armed with the bytes that complete on it, the rest sent once K0 has landed, as the tree sends it
-// (NOTES.md, run 38).
-template <class Traits, class Parts>
-__device__ void send_staged_tiles(typename Traits::Params const& params, typename Traits::SharedStorage& shared,
-                                  Parts const& parts, evo_sm90::KeyShare const& span) {
-    const int tiles = span.end - span.begin;
-    auto& full = shared.pipeline_k.full_barrier_;
-    const auto send = [&](int i) {
-        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full[staged_k_barrier(i)])),
-             get<0>(parts)(_, span.end - 1 - i), get<1>(parts)(_, i));
-        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full[staged_v_barrier(i)])),
-             get<2>(parts)(_, span.end - 1 - i), get<3>(parts)(_, i));
-    };
-    // Unrolled over the stages, so every index is a constant and the counts stay in registers.
-    uint32_t bytes[3] = {0, 0, 0};
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < Traits::kStages; ++i) {
-        if (i < tiles) {
-            bytes[staged_k_barrier(i)] += Traits::kTmaBytesK;
-            bytes[staged_v_barrier(i)] += Traits::kTmaBytesV;
-        }
-    }
-    if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
-    CUTLASS_PRAGMA_UNROLL
-    for (int b = 0; b < 3; ++b) {
-        if (bytes[b] > 0) full[b].arrive_and_expect_tx(bytes[b]);
-    }
-    const int first = tiles < kFirstKeyTiles ? tiles : kFirstKeyTiles;
-    for (int i = 0; i < first; ++i) send(i);
-    if (tiles > first) {
-        full[0].wait(0);
-        for (int i = first; i < tiles; ++i) send(i);
-    }
-}
-
 // The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings. With
 // Traits::kSeparateV it fills the K ring alone and a thread of warp 2 the V ring, so a K load never
 // waits behind the release of a V stage, which comes a step later.
@@ -232,14 +171,6 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
         if (first_load) probe.mark(trace::kKvScheduled);
-        if constexpr (kStagedBarriers<Traits> && kRings == Rings::kBoth) {
-            if (staged_share<Traits>(span)) {
-                send_staged_tiles<Traits>(params, shared, cute::make_tuple(tKg, tKs, tVg, tVs), span);
-                for (int n = span.begin; n < span.end; ++n) ++write;
-                first_load = false;
-                continue;
-            }
-        }
         int first_n = span.end - 1;
         if constexpr (kFirstSent) {
             const int sent = first_key_tiles(span);
@@ -486,7 +417,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
-        const bool staged = staged_share<Traits>(span);   // kStagedBarriers: three waits a share
         OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains, Traits::kLazyRescale> softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
@@ -543,10 +473,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             ++pass;
 #endif
             V5_STEP_PROBE(kStep1Top);
-            // kStagedBarriers: pass p's K and the previous tile's V are on barrier staged_k_barrier(p), waited
-            // for once, by the first pass that needs it.
-            if (!staged || read_k.index() == staged_k_barrier(read_k.index())) pipeline_k.consumer_wait(read_k);
-            if (!staged) pipeline_v.consumer_wait(read_v);
+            pipeline_k.consumer_wait(read_k);
+            pipeline_v.consumer_wait(read_v);
             turn.wait();
             warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             if constexpr (kConvertUnderQk) {
@@ -596,14 +524,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
             tOrP = p_operand();
         }
-        if (!staged) {
-            pipeline_v.consumer_wait(read_v);
-        } else {   // the last V, where no pass waited for its barrier
-            const int last = span.end - span.begin - 1;
-            if (staged_v_barrier(last) > staged_k_barrier(last)) {
-                shared.pipeline_k.full_barrier_[staged_v_barrier(last)].wait(0);
-            }
-        }
+        pipeline_v.consumer_wait(read_v);
         turn.wait();
         warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         if (!turn.is_last()) turn.pass();

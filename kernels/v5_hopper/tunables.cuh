@@ -147,8 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-// Development macro (off): a D=64 split CTA whose share fits its stages has its copies complete on three
-// barriers, one for each wait it keeps (kStagedBarriers, run 242).
-#ifndef V5_DEV_STAGED_BARRIERS
-#define V5_DEV_STAGED_BARRIERS 0
-#endif
