@@ -279,20 +279,6 @@ struct Kernels {
         return WideSplit::kMinBlocksPerSm >= 2 && wide_tiles <= max_active_clusters<WideSplit, false>(splits);
     }
 
-#if V5_DEV_WIDE4
-    static bool runs_wide4(int64_t heads_total, int seq_len) {
-        constexpr int kSplits = 4;
-        const int64_t sms = sm_count();
-        const int64_t wide_tiles = (seq_len + WideSplit::kBlockM - 1) / WideSplit::kBlockM * heads_total;
-        const int key_tiles = (seq_len + WideSplit::kBlockN - 1) / WideSplit::kBlockN;
-        if ((seq_len + 127) / 128 < kSplits) return false;
-        if (V5_DEV_WIDE4 == 1 && split_m_blocks(seq_len) * heads_total * 2 <= sms) return false;
-        if (wide_tiles * kSplits > sms * WideSplit::kMinBlocksPerSm) return false;
-        if ((key_tiles + kSplits - 1) / kSplits > WideSplit::kStages) return false;
-        return WideSplit::kMinBlocksPerSm >= 2 && wide_tiles <= max_active_clusters<WideSplit, false>(kSplits);
-    }
-#endif
-
     static int unsplit(Element const* q, Element const* k, Element const* v, void* o, int batch, int heads,
                        int seq_len, float scale, cudaStream_t stream) {
         if constexpr (kFreeIssueKernel) {
@@ -326,13 +312,6 @@ struct Kernels {
             const int64_t heads_total = int64_t(heads) * batch;
             const int splits = splits_for(split_m_blocks(seq_len) * heads_total, seq_len);
             if constexpr (V5_HOPPER_SPLIT_WIDE && kHeadDim == 64) {
-#if V5_DEV_WIDE4
-                if (runs_wide4(heads_total, seq_len)) {
-                    auto params = make_params<WideSplit>(q, k, v, o, batch, heads, seq_len, scale);
-                    params.key_splits = 4;
-                    return launch_traits<WideSplit, false>(params, stream);
-                }
-#endif
                 if (runs_wide(heads_total, seq_len, splits)) {
                     auto params = make_params<WideSplit>(q, k, v, o, batch, heads, seq_len, scale);
                     params.key_splits = splits;

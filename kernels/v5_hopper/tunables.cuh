@@ -147,10 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off; NOTES.md, run 243): with split_wide, D=64 grids whose wide grid of four ranks fits two
-// CTAs an SM, each rank at least 128 keys and within the stages, run the wide kernel in clusters of 4:
-// 1 where the 64-row split of two ranks fills both slots of every SM, 2 also where it fits once over.
-#ifndef V5_DEV_WIDE4
-#define V5_DEV_WIDE4 0
-#endif
