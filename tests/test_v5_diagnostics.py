@@ -46,3 +46,17 @@ def test_pdl_backfill_builds(tmp_path):
     needs_toolchain()
     proc = compile_object(DIAGNOSTICS / "pdl_backfill.cu", tmp_path / "pdl_backfill.o", ["-O3"], [])
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+def test_cluster_chain_builds_with_the_waits_it_times(tmp_path):
+    """cluster_chain.cu (runs 244 and 244b) is self-contained: it builds with nvcc alone, and its
+    clustered launch keeps what it stands in for: the cluster barrier across the CTA's life
+    (UCGABAR), the PDL wait (ACQBULK) and the trigger (PREEXIT)."""
+    needs_toolchain()
+    obj = tmp_path / "cluster_chain.o"
+    proc = compile_object(DIAGNOSTICS / "cluster_chain.cu", obj, ["-O3"], [])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, listing = sass_lib.dump_sass(sass_lib.find_sass_tools(), obj)
+    ops = set(sass_lib.mnemonics(listing))
+    for op in ("UCGABAR_ARV", "UCGABAR_WAIT", "ACQBULK", "PREEXIT"):
+        assert any(o.startswith(op) for o in ops), (op, sorted(ops))
