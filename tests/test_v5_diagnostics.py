@@ -60,3 +60,17 @@ def test_cluster_chain_builds_with_the_waits_it_times(tmp_path):
     ops = set(sass_lib.mnemonics(listing))
     for op in ("UCGABAR_ARV", "UCGABAR_WAIT", "ACQBULK", "PREEXIT"):
         assert any(o.startswith(op) for o in ops), (op, sorted(ops))
+
+
+def test_merge_cost_builds_with_both_merges(tmp_path):
+    """merge_cost.cu (run 245) is self-contained: it builds with nvcc alone, and its SASS holds both
+    merges it prices: the cluster's pushes (STAS) landing on a barrier that the owner waits on
+    (SYNCS.PHASECHK), and the global one's counter (ATOMG) behind a GPU-scope fence (MEMBAR.ALL.GPU)."""
+    needs_toolchain()
+    obj = tmp_path / "merge_cost.o"
+    proc = compile_object(DIAGNOSTICS / "merge_cost.cu", obj, ["-O3"], [])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, listing = sass_lib.dump_sass(sass_lib.find_sass_tools(), obj)
+    ops = set(sass_lib.mnemonics(listing))
+    for op in ("STAS", "SYNCS.PHASECHK", "ATOMG.E.ADD", "MEMBAR.ALL.GPU", "ACQBULK"):
+        assert any(o.startswith(op) for o in ops), (op, sorted(ops))
