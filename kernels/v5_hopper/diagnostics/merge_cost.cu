@@ -1,4 +1,4 @@
-// A micro-benchmark for kernels/v5_hopper/NOTES.md (run 245); not part of the variant, whose sources
+// A micro-benchmark for kernels/v5_hopper/NOTES.md (runs 245-246); not part of the variant, whose sources
 // variant.yaml lists. What merging the split CTAs' partial states costs a chain of PDL launches: through a
 // cluster's shared memory (two ranks a query tile, the split kernel's way) or through global memory (four ranks
 // a tile and no cluster, the last rank to finish folding the others' states), each against the same grid with
@@ -7,7 +7,9 @@
 //   pairs   256 CTAs of 256 threads, 89,088 B (two an SM), clusters of 2. Warp group 1 holds the rows: with the
 //           merge, warps 4-5 push their state (4,608 B a warp: nine chunks of 16 B a lane, the split kernel's
 //           push) into the peer with st.async on the peer's barrier, and warps 6-7 wait on their own barrier for
-//           the peer's two, fold them and store 4 KB; without it, warps 6-7 store the same 4 KB.
+//           the peer's two, fold them and store 4 KB; without it, warps 6-7 store the same 4 KB. The push's
+//           chunks a lane are a parameter (9, the split kernel's; 5, the compact push's; 3; 1), on 256 CTAs
+//           (two an SM) and 128 (one an SM, the mission shape's grid).
 //   quads   512 CTAs of 128 threads, 56,320 B (four an SM), no cluster, ranks blockIdx % 4 of tile blockIdx / 4.
 //           Modes: none (each CTA stores its 2 KB quarter of the tile); writes (each writes its state, 8 KB of
 //           16-bit O and 512 B of head, to a scratch slot, and stops); counter (the CTA's barrier, one thread's
@@ -50,7 +52,7 @@ __device__ __forceinline__ void make_state(float (&state)[36], int spin) {
     for (int i = 0; i < 36; ++i) state[i] = state[i] * 1.0001f + 0.5f;
 }
 
-template <bool kMerge>
+template <bool kMerge, int kChunks = 9>
 __global__ void __launch_bounds__(256, 2) pairs(int spin, float* out) {
     extern __shared__ __align__(16) unsigned char smem[];
     uint4* slots = reinterpret_cast<uint4*>(smem);   // the peer's two warps' states
@@ -69,7 +71,7 @@ __global__ void __launch_bounds__(256, 2) pairs(int spin, float* out) {
     // The peer's pushes may land before this arrival: the phase cannot complete while it is pending.
     if (kMerge && threadIdx.x == 0) {
         asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_addr(barrier)),
-                     "r"(2 * kWarpBytes));
+                     "r"(2 * kChunks * 512));
     }
     float state[36];
     make_state(state, spin);
@@ -79,7 +81,7 @@ __global__ void __launch_bounds__(256, 2) pairs(int spin, float* out) {
         uint32_t remote_slots, remote_barrier;
         asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_slots) : "r"(smem_addr(slots)), "r"(rank ^ 1u));
         asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote_barrier) : "r"(smem_addr(barrier)), "r"(rank ^ 1u));
-        for (int c = 0; c < 9; ++c) {
+        for (int c = 0; c < kChunks; ++c) {
             const uint32_t dst = remote_slots + uint32_t(w * kWarpBytes + (c * 32 + lane) * 16);
             asm volatile(
                 "st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%0], {%1, %2, %3, %4}, [%5];" ::"r"(dst),
@@ -99,7 +101,7 @@ __global__ void __launch_bounds__(256, 2) pairs(int spin, float* out) {
                 : "r"(smem_addr(barrier))
                 : "memory");
         }
-        for (int c = 0; c < 9; ++c) {
+        for (int c = 0; c < kChunks; ++c) {
             const uint4 v = slots[(w - 2) * (kWarpBytes / 16) + c * 32 + lane];
             state[4 * c] += __uint_as_float(v.x) * 0.5f;
             state[4 * c + 1] += __uint_as_float(v.y) * 0.5f;
@@ -266,6 +268,17 @@ int main() {
         std::printf("spin %5d: pairs %.3f, cluster merge %.3f (%+.3f) | quads %.3f, writes %+.3f, counter %+.3f "
                     "(a line each %+.3f), global merge %+.3f (a line each %+.3f) us\n",
                     spin, n2, d2, d2 - n2, n4, w4 - n4, c4 - n4, c4p - n4, g4 - n4, g4p - n4);
+    }
+    for (int ctas : {256, 128}) {
+        for (int spin : {0, 8000}) {
+            const float n2 = period(pairs<false>, ctas, 256, kPairSmem, 2, spin, out);
+            const float c9 = period(pairs<true, 9>, ctas, 256, kPairSmem, 2, spin, out);
+            const float c5 = period(pairs<true, 5>, ctas, 256, kPairSmem, 2, spin, out);
+            const float c3 = period(pairs<true, 3>, ctas, 256, kPairSmem, 2, spin, out);
+            const float c1 = period(pairs<true, 1>, ctas, 256, kPairSmem, 2, spin, out);
+            std::printf("%d pair CTAs, spin %5d: no merge %.3f; pushes of 9 chunks a lane %+.3f, 5 %+.3f, 3 %+.3f, "
+                        "1 %+.3f us\n", ctas, spin, n2, c9 - n2, c5 - n2, c3 - n2, c1 - n2);
+        }
     }
     unsigned h[kTiles * 32];
     cudaMemcpy(h, counters, sizeof h, cudaMemcpyDeviceToHost);
