@@ -41,36 +41,36 @@ def test_pass_floor_builds_against_the_kernel_headers(tmp_path):
     assert any(op.startswith("SYNCS.PHASECHK") for op in ops), sorted(ops)
 
 
+def standalone_mnemonics(name, tmp_path):
+    """Builds diagnostics/<name>.cu, which needs nvcc alone (and the headers beside it), and returns its SASS
+    mnemonics."""
+    needs_toolchain()
+    obj = tmp_path / f"{name}.o"
+    proc = compile_object(DIAGNOSTICS / f"{name}.cu", obj, ["-O3"], [])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    _, listing = sass_lib.dump_sass(sass_lib.find_sass_tools(), obj)
+    return set(sass_lib.mnemonics(listing))
+
+
+def assert_has(ops, wanted):
+    for op in wanted:
+        assert any(o.startswith(op) for o in ops), (op, sorted(ops))
+
+
 def test_pdl_backfill_builds(tmp_path):
     """pdl_backfill.cu (runs 196-197) is self-contained: it builds with nvcc alone."""
-    needs_toolchain()
-    proc = compile_object(DIAGNOSTICS / "pdl_backfill.cu", tmp_path / "pdl_backfill.o", ["-O3"], [])
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    standalone_mnemonics("pdl_backfill", tmp_path)
 
 
 def test_cluster_chain_builds_with_the_waits_it_times(tmp_path):
-    """cluster_chain.cu (runs 244 and 244b) is self-contained: it builds with nvcc alone, and its
-    clustered launch keeps what it stands in for: the cluster barrier across the CTA's life
-    (UCGABAR), the PDL wait (ACQBULK) and the trigger (PREEXIT)."""
-    needs_toolchain()
-    obj = tmp_path / "cluster_chain.o"
-    proc = compile_object(DIAGNOSTICS / "cluster_chain.cu", obj, ["-O3"], [])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    _, listing = sass_lib.dump_sass(sass_lib.find_sass_tools(), obj)
-    ops = set(sass_lib.mnemonics(listing))
-    for op in ("UCGABAR_ARV", "UCGABAR_WAIT", "ACQBULK", "PREEXIT"):
-        assert any(o.startswith(op) for o in ops), (op, sorted(ops))
+    """cluster_chain.cu (runs 244 and 244b): its clustered launch keeps what it stands in for: the cluster
+    barrier across the CTA's life (UCGABAR), the PDL wait (ACQBULK) and the trigger (PREEXIT)."""
+    assert_has(standalone_mnemonics("cluster_chain", tmp_path), ("UCGABAR_ARV", "UCGABAR_WAIT", "ACQBULK", "PREEXIT"))
 
 
 def test_merge_cost_builds_with_both_merges(tmp_path):
-    """merge_cost.cu (run 245) is self-contained: it builds with nvcc alone, and its SASS holds both
-    merges it prices: the cluster's pushes (STAS) landing on a barrier that the owner waits on
-    (SYNCS.PHASECHK), and the global one's counter (ATOMG) behind a GPU-scope fence (MEMBAR.ALL.GPU)."""
-    needs_toolchain()
-    obj = tmp_path / "merge_cost.o"
-    proc = compile_object(DIAGNOSTICS / "merge_cost.cu", obj, ["-O3"], [])
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    _, listing = sass_lib.dump_sass(sass_lib.find_sass_tools(), obj)
-    ops = set(sass_lib.mnemonics(listing))
-    for op in ("STAS", "SYNCS.PHASECHK", "ATOMG.E.ADD", "MEMBAR.ALL.GPU", "ACQBULK"):
-        assert any(o.startswith(op) for o in ops), (op, sorted(ops))
+    """merge_cost.cu (runs 245-246): its SASS holds both merges it prices: the cluster's pushes (STAS) landing
+    on a barrier that the owner waits on (SYNCS.PHASECHK), and the global one's counter (ATOMG) behind a
+    GPU-scope fence (MEMBAR.ALL.GPU), each after the PDL wait (ACQBULK)."""
+    assert_has(standalone_mnemonics("merge_cost", tmp_path),
+               ("STAS", "SYNCS.PHASECHK", "ATOMG.E.ADD", "MEMBAR.ALL.GPU", "ACQBULK"))

@@ -7,18 +7,18 @@
 // Each launch: CTAs of 256 threads with SMEM bytes of dynamic shared memory (which sets how many share
 // an SM); with clusters, a cluster barrier across the CTA's life as the split kernel has; the PDL wait,
 // then the trigger; warp group 1 spins SPIN cycles (a call's work); 1 KB stored a CTA. 32 launches a
-// graph, the period is the median of 30 replays (and the 10th percentile).
+// graph, the period is the median of 30 replays and their 10th percentile (pdl_chain.cuh).
 //
 // With no arguments it runs the table of NOTES.md run 244b; with four, one configuration:
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -o cluster_chain cluster_chain.cu
 //   ./cluster_chain                          # the table
 //   ./cluster_chain CTAS SMEM CLUSTER SPIN   # e.g. ./cluster_chain 384 71680 3 8000
-#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <vector>
 
 #include <cuda_runtime.h>
+
+#include "pdl_chain.cuh"
 
 namespace {
 
@@ -39,83 +39,25 @@ __global__ void __launch_bounds__(256) step(int spin, float* out) {
     out[blockIdx.x * 256 + threadIdx.x] = smem[255 - threadIdx.x];
 }
 
-bool check(cudaError_t status, char const* what) {
-    if (status == cudaSuccess) return true;
-    std::printf("%s: %s\n", what, cudaGetErrorString(status));
-    return false;
-}
-
 template <bool kCluster>
 void measure(int ctas, int smem, int cluster, int spin) {
-    constexpr int kCalls = 32, kReplays = 30;
     auto kernel = step<kCluster>;
-    if (!check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "shared memory")) return;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
     float* out = nullptr;
-    cudaStream_t stream;
-    if (!check(cudaMalloc(&out, sizeof(float) * ctas * 256), "cudaMalloc")) return;
-    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-
-    cudaLaunchAttribute attrs[2];
-    attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[0].val.programmaticStreamSerializationAllowed = 1;
-    attrs[1].id = cudaLaunchAttributeClusterDimension;
-    attrs[1].val.clusterDim.x = unsigned(cluster);
-    attrs[1].val.clusterDim.y = 1;
-    attrs[1].val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(ctas));
-    config.blockDim = dim3(256);
-    config.dynamicSmemBytes = size_t(smem);
-    config.stream = stream;
-    config.attrs = attrs;
-    config.numAttrs = kCluster ? 2 : 1;
-
-    int per_sm = 0, fit = -1;
+    if (cudaMalloc(&out, sizeof(float) * ctas * 256) != cudaSuccess) {
+        std::printf("cudaMalloc: %s\n", cudaGetErrorString(cudaGetLastError()));
+        return;
+    }
+    int per_sm = 0;
+    pdl_chain::configure(kernel, smem);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 256, size_t(smem));
-    if (kCluster) {
-        cudaLaunchConfig_t one = config;
-        one.gridDim = dim3(unsigned(cluster));
-        one.attrs = &attrs[1];
-        one.numAttrs = 1;
-        if (cudaOccupancyMaxActiveClusters(&fit, kernel, &one) != cudaSuccess) fit = -1;
-        cudaGetLastError();
-    }
-
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
-    for (int c = 0; c < kCalls; ++c) cudaLaunchKernelEx(&config, kernel, spin, out);
-    cudaStreamEndCapture(stream, &graph);
-    if (check(cudaGraphInstantiate(&exec, graph, 0), "graph")) {
-        for (int i = 0; i < 3; ++i) cudaGraphLaunch(exec, stream);
-        cudaEvent_t begin, end;
-        cudaEventCreate(&begin);
-        cudaEventCreate(&end);
-        std::vector<float> periods;
-        for (int r = 0; r < kReplays; ++r) {
-            cudaEventRecord(begin, stream);
-            cudaGraphLaunch(exec, stream);
-            cudaEventRecord(end, stream);
-            cudaEventSynchronize(end);
-            float ms = 0.f;
-            cudaEventElapsedTime(&ms, begin, end);
-            periods.push_back(ms * 1000.f / kCalls);
-        }
-        std::sort(periods.begin(), periods.end());
-        const int needed = (ctas + cluster - 1) / cluster;
-        char fits[64] = "no cluster";
-        if (kCluster) std::snprintf(fits, sizeof fits, "clusters of %d, %d of %d fit", cluster, fit, needed);
-        std::printf("%4d CTAs x %6d B (%d an SM), %-28s spin %5d: period p10 %.3f p50 %.3f us%s\n", ctas, smem,
-                    per_sm, fits, spin, periods[kReplays / 10], periods[kReplays / 2],
-                    kCluster && fit >= 0 && fit < needed ? "  (more than one wave)" : "");
-        cudaEventDestroy(begin);
-        cudaEventDestroy(end);
-        cudaGraphExecDestroy(exec);
-    }
-    cudaGraphDestroy(graph);
+    const int fit = kCluster ? pdl_chain::clusters_that_fit(kernel, 256, smem, cluster) : -1;
+    const pdl_chain::Period period = pdl_chain::period(kernel, ctas, 256, smem, kCluster ? cluster : 1, spin, out);
+    const int needed = (ctas + cluster - 1) / cluster;
+    char fits[64] = "no cluster";
+    if (kCluster) std::snprintf(fits, sizeof fits, "clusters of %d, %d of %d fit", cluster, fit, needed);
+    std::printf("%4d CTAs x %6d B (%d an SM), %-28s spin %5d: period p10 %.3f p50 %.3f us%s\n", ctas, smem, per_sm,
+                fits, spin, period.p10, period.p50, kCluster && fit >= 0 && fit < needed ? "  (more than one wave)" : "");
     cudaFree(out);
-    cudaStreamDestroy(stream);
 }
 
 void run(int ctas, int smem, int cluster, int spin) {

@@ -18,15 +18,15 @@
 //           the last reads the three others' states from L2, folds them and stores the tile's 8 KB). The
 //           counters sit 4 B apart (four 128-byte lines) or 128 B apart (a line each).
 // Every CTA: the PDL wait, the trigger, SPIN cycles of work in every thread, then its part. 32 launches a graph,
-// the period is the median of 30 replays.
+// the period is the median of 30 replays (pdl_chain.cuh).
 //   nvcc -gencode=arch=compute_90a,code=sm_90a -O3 -o merge_cost merge_cost.cu && ./merge_cost
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
-#include <vector>
 
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+
+#include "pdl_chain.cuh"
 
 namespace {
 
@@ -185,58 +185,7 @@ __global__ void __launch_bounds__(128, 4) quads(int spin, float* out, uint4* scr
 
 template <class Kernel, class... Args>
 float period(Kernel kernel, int ctas, int threads, int smem, int cluster, Args... args) {
-    constexpr int kCalls = 32, kReplays = 30;
-    cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
-    cudaStream_t stream;
-    cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking);
-    cudaLaunchAttribute attrs[2];
-    attrs[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attrs[0].val.programmaticStreamSerializationAllowed = 1;
-    attrs[1].id = cudaLaunchAttributeClusterDimension;
-    attrs[1].val.clusterDim.x = unsigned(cluster);
-    attrs[1].val.clusterDim.y = 1;
-    attrs[1].val.clusterDim.z = 1;
-    cudaLaunchConfig_t config = {};
-    config.gridDim = dim3(unsigned(ctas));
-    config.blockDim = dim3(unsigned(threads));
-    config.dynamicSmemBytes = size_t(smem);
-    config.stream = stream;
-    config.attrs = attrs;
-    config.numAttrs = cluster > 1 ? 2 : 1;
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    float result = -1.f;
-    cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal);
-    for (int c = 0; c < kCalls; ++c) cudaLaunchKernelEx(&config, kernel, args...);
-    cudaStreamEndCapture(stream, &graph);
-    if (cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess) {
-        for (int i = 0; i < 3; ++i) cudaGraphLaunch(exec, stream);
-        if (cudaStreamSynchronize(stream) == cudaSuccess) {
-            cudaEvent_t begin, end;
-            cudaEventCreate(&begin);
-            cudaEventCreate(&end);
-            std::vector<float> periods;
-            for (int r = 0; r < kReplays; ++r) {
-                cudaEventRecord(begin, stream);
-                cudaGraphLaunch(exec, stream);
-                cudaEventRecord(end, stream);
-                cudaEventSynchronize(end);
-                float ms = 0.f;
-                cudaEventElapsedTime(&ms, begin, end);
-                periods.push_back(ms * 1000.f / kCalls);
-            }
-            std::sort(periods.begin(), periods.end());
-            result = periods[kReplays / 2];
-            cudaEventDestroy(begin);
-            cudaEventDestroy(end);
-        }
-        cudaGraphExecDestroy(exec);
-    }
-    if (result < 0.f) std::printf("launch failed: %s\n", cudaGetErrorString(cudaGetLastError()));
-    cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
-    return result;
+    return pdl_chain::period(kernel, ctas, threads, smem, cluster, args...).p50;
 }
 
 }  // namespace
@@ -250,10 +199,9 @@ int main() {
     cudaMalloc(&counters, size_t(kTiles) * 32 * sizeof(unsigned));
     cudaMemset(counters, 0, size_t(kTiles) * 32 * sizeof(unsigned));
     int per_sm[2] = {0, 0};
-    cudaFuncSetAttribute(quads<Quad::kMerge>, cudaFuncAttributeMaxDynamicSharedMemorySize, kQuadSmem);
-    cudaFuncSetAttribute(quads<Quad::kMerge>, cudaFuncAttributePreferredSharedMemoryCarveout, 100);
+    pdl_chain::configure(quads<Quad::kMerge>, kQuadSmem);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[0], quads<Quad::kMerge>, 128, kQuadSmem);
-    cudaFuncSetAttribute(pairs<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, kPairSmem);
+    pdl_chain::configure(pairs<true>, kPairSmem);
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[1], pairs<true>, 256, kPairSmem);
     std::printf("CTAs an SM: quads %d, pairs %d\n", per_sm[0], per_sm[1]);
     for (int spin : {0, 4000, 8000}) {
