@@ -147,9 +147,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off; NOTES.md, run 248): a split pusher's head goes from each quad's first lane only
-// (ClusterMerge::kHeadLanes).
-#ifndef V5_DEV_QUAD_HEAD
-#define V5_DEV_QUAD_HEAD 0
-#endif
