@@ -29,11 +29,7 @@ __global__ void __launch_bounds__(256) step(int spin, float* out) {
     asm volatile("griddepcontrol.wait;" ::: "memory");
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
     smem[threadIdx.x] = float(threadIdx.x);
-    if (threadIdx.x >= 128) {
-        const long long start = clock64();
-        while (clock64() - start < spin) {
-        }
-    }
+    if (threadIdx.x >= 128) pdl_chain::spin_for(spin);
     if constexpr (kCluster) asm volatile("barrier.cluster.wait.aligned;" ::: "memory");
     __syncthreads();
     out[blockIdx.x * 256 + threadIdx.x] = smem[255 - threadIdx.x];

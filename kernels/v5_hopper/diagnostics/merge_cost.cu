@@ -35,12 +35,6 @@ constexpr int kTiles = 128;
 constexpr int kSlotChunks = 8704 / 16;   // a quad rank's state: 512 chunks of O, 32 of head
 constexpr int kWarpBytes = 4608;         // a pair warp's pushed state
 
-__device__ __forceinline__ void spin_for(int cycles) {
-    const long long start = clock64();
-    while (clock64() - start < cycles) {
-    }
-}
-
 __device__ __forceinline__ uint32_t smem_addr(void const* p) {
     return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
@@ -48,7 +42,7 @@ __device__ __forceinline__ uint32_t smem_addr(void const* p) {
 // A thread's stand-in state: 36 values (2 of head, 32 of O, 2 spare), changed by the work so none is constant.
 __device__ __forceinline__ void make_state(float (&state)[36], int spin) {
     for (int i = 0; i < 36; ++i) state[i] = float(threadIdx.x * 36 + i + blockIdx.x);
-    spin_for(spin);
+    pdl_chain::spin_for(spin);
     for (int i = 0; i < 36; ++i) state[i] = state[i] * 1.0001f + 0.5f;
 }
 
@@ -205,20 +199,19 @@ int main() {
     cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm[1], pairs<true>, 256, kPairSmem);
     std::printf("CTAs an SM: quads %d, pairs %d\n", per_sm[0], per_sm[1]);
     for (int spin : {0, 4000, 8000}) {
-        const float n2 = period(pairs<false>, 256, 256, kPairSmem, 2, spin, out);
-        const float d2 = period(pairs<true>, 256, 256, kPairSmem, 2, spin, out);
         const float n4 = period(quads<Quad::kNone>, 512, 128, kQuadSmem, 1, spin, out, scratch, counters, 1);
         const float w4 = period(quads<Quad::kWrites>, 512, 128, kQuadSmem, 1, spin, out, scratch, counters, 1);
         const float c4 = period(quads<Quad::kCounter>, 512, 128, kQuadSmem, 1, spin, out, scratch, counters, 1);
         const float c4p = period(quads<Quad::kCounter>, 512, 128, kQuadSmem, 1, spin, out, scratch, counters, 32);
         const float g4 = period(quads<Quad::kMerge>, 512, 128, kQuadSmem, 1, spin, out, scratch, counters, 1);
         const float g4p = period(quads<Quad::kMerge>, 512, 128, kQuadSmem, 1, spin, out, scratch, counters, 32);
-        std::printf("spin %5d: pairs %.3f, cluster merge %.3f (%+.3f) | quads %.3f, writes %+.3f, counter %+.3f "
-                    "(a line each %+.3f), global merge %+.3f (a line each %+.3f) us\n",
-                    spin, n2, d2, d2 - n2, n4, w4 - n4, c4 - n4, c4p - n4, g4 - n4, g4p - n4);
+        std::printf("quad CTAs, spin %5d: no merge %.3f; writes %+.3f, counter %+.3f (a line each %+.3f), global "
+                    "merge %+.3f (a line each %+.3f) us\n",
+                    spin, n4, w4 - n4, c4 - n4, c4p - n4, g4 - n4, g4p - n4);
     }
+    // The cluster merge: the split kernel's push (9 chunks a lane) and smaller ones.
     for (int ctas : {256, 128}) {
-        for (int spin : {0, 8000}) {
+        for (int spin : {0, 4000, 8000}) {
             const float n2 = period(pairs<false>, ctas, 256, kPairSmem, 2, spin, out);
             const float c9 = period(pairs<true, 9>, ctas, 256, kPairSmem, 2, spin, out);
             const float c5 = period(pairs<true, 5>, ctas, 256, kPairSmem, 2, spin, out);

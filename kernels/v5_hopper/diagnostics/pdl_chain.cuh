@@ -10,6 +10,13 @@
 
 namespace pdl_chain {
 
+// A call's work in the benchmarks' kernels: `cycles` of the SM's clock.
+__device__ __forceinline__ void spin_for(int cycles) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {
+    }
+}
+
 constexpr int kCalls = 32;
 constexpr int kReplays = 30;
 
