@@ -147,3 +147,10 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
+
+// Development macro (off): the TMA loads of Q, K and V carry L2's evict-first hint, so a call's
+// input lines, read by every CTA that needs them within the call, go before other lines when later
+// calls need room (run 249).
+#ifndef V5_DEV_EVICT_FIRST
+#define V5_DEV_EVICT_FIRST 0
+#endif
