@@ -77,9 +77,15 @@ struct IssueTurn {
 template <class Traits>
 constexpr bool kPdlKernel = Traits::kSplit && V5_HOPPER_PDL > 0;
 
-// L2's hint on the loads of Q, K and V (EVICT_NORMAL is the copy's own default).
+// L2's hint on a kernel's loads of Q, K and V (EVICT_NORMAL is the copy's own default). A split
+// grid's CTAs read each input line within the call, so with evict_first_inputs its lines go first
+// when later calls need room, and o's lines, which the next call writes again, stay in L2 instead
+// of being written back while that call's first loads come from DRAM (NOTES.md, run 249: -0.09 to
+// -0.13 us on 2,8,512,64 under the bench's rotation, nothing with the inputs in L2).
+template <class Traits>
 __device__ __forceinline__ constexpr TMA::CacheHintSm90 input_hint() {
-    return V5_DEV_EVICT_FIRST ? TMA::CacheHintSm90::EVICT_FIRST : TMA::CacheHintSm90::EVICT_NORMAL;
+    return Traits::kSplit && V5_HOPPER_EVICT_FIRST_INPUTS ? TMA::CacheHintSm90::EVICT_FIRST
+                                                          : TMA::CacheHintSm90::EVICT_NORMAL;
 }
 
 // The tile's Q as a TMA coordinate tensor: (M, D).
@@ -109,7 +115,7 @@ __device__ void produce_q(typename Traits::Params const& params, typename Traits
         if (use > 0) BarrierQEmpty::wait(&shared.barrier_q_empty[buffer], (use - 1) & 1);
         BarrierQ::arrive_and_expect_tx(&shared.barrier_q[buffer], Traits::kTmaBytesQ);
         if (kPdlKernel<Traits> && tile_count == 0) evo_sm90::wait_for_previous_grid();
-        copy(params.tma_q.with(shared.barrier_q[buffer], 0, input_hint()), tQg, tQs(_, buffer));
+        copy(params.tma_q.with(shared.barrier_q[buffer], 0, input_hint<Traits>()), tQg, tQs(_, buffer));
         if (tile_count == 0) probe.mark(trace::kQIssued);
     }
 }
@@ -200,14 +206,16 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                     if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
                     probe.mark(trace::kPastWait);
                 }
-                copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write), 0, input_hint()), tKg(_, n), tKs(_, write.index()));
+                copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write), 0, input_hint<Traits>()), tKg(_, n),
+                     tKs(_, write.index()));
             }
             if constexpr (kRings != Rings::kK) {
                 pipeline_v.producer_acquire(write);
                 if constexpr (kRings == Rings::kV && kPdlKernel<Traits>) {
                     if (first_load) evo_sm90::wait_for_previous_grid();
                 }
-                copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write), 0, input_hint()), tVg(_, n), tVs(_, write.index()));
+                copy(params.tma_v.with(*pipeline_v.producer_get_barrier(write), 0, input_hint<Traits>()), tVg(_, n),
+                     tVs(_, write.index()));
             }
             ++write;
             if (first_load) probe.mark(trace::kKvIssued);
@@ -275,9 +283,11 @@ __device__ __forceinline__ void send_key_tiles(typename Traits::Params const& pa
         auto& full_k = shared.pipeline_k.full_barrier_[i];
         auto& full_v = shared.pipeline_v.full_barrier_[i];
         full_k.arrive_and_expect_tx(Traits::kTmaBytesK);
-        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k), 0, input_hint()), tKg(_, span.end - 1 - i), tKs(_, i));
+        copy(params.tma_k.with(reinterpret_cast<uint64_t&>(full_k), 0, input_hint<Traits>()), tKg(_, span.end - 1 - i),
+             tKs(_, i));
         full_v.arrive_and_expect_tx(Traits::kTmaBytesV);
-        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v), 0, input_hint()), tVg(_, span.end - 1 - i), tVs(_, i));
+        copy(params.tma_v.with(reinterpret_cast<uint64_t&>(full_v), 0, input_hint<Traits>()), tVg(_, span.end - 1 - i),
+             tVs(_, i));
     }
 }
 
@@ -305,7 +315,7 @@ __device__ void send_first_loads(typename Traits::Params const& params, typename
     if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
     probe.mark(trace::kPastWait);
     Traits::BarrierQ::arrive_and_expect_tx(&shared.barrier_q[0], Traits::kTmaBytesQ);
-    copy(params.tma_q.with(shared.barrier_q[0], 0, input_hint()), tQg, tQs(_, 0));
+    copy(params.tma_q.with(shared.barrier_q[0], 0, input_hint<Traits>()), tQg, tQs(_, 0));
     probe.mark(trace::kQIssued);
     send_key_tiles<Traits>(params, shared, parts, span, 0, first_key_tiles(span));
     probe.mark(trace::kKvIssued);

@@ -127,6 +127,10 @@
 #ifndef V5_HOPPER_KV_PRODUCERS
 #error "V5_HOPPER_KV_PRODUCERS undefined: the build passes it from variant.yaml (tunables.kv_producers)"
 #endif
+// the split kernels' loads of Q, K and V carry L2's evict-first hint
+#ifndef V5_HOPPER_EVICT_FIRST_INPUTS
+#error "V5_HOPPER_EVICT_FIRST_INPUTS undefined: the build passes it from variant.yaml (tunables.evict_first_inputs)"
+#endif
 // launch with programmatic dependent launch
 #ifndef V5_HOPPER_PDL
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
@@ -146,11 +150,4 @@
 // register file traded by setmaxnreg keeps the next grid out of the slots this one frees.
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
-#endif
-
-// Development macro (off): the TMA loads of Q, K and V carry L2's evict-first hint, so a call's
-// input lines, read by every CTA that needs them within the call, go before other lines when later
-// calls need room (run 249).
-#ifndef V5_DEV_EVICT_FIRST
-#define V5_DEV_EVICT_FIRST 0
 #endif
