@@ -88,6 +88,24 @@ def test_split_kernels_push_through_st_async_without_a_fence(split_build):
         assert "MEMBAR" not in body             # no fence: the barrier's byte count orders the pushes
 
 
+def test_split_kernels_load_their_inputs_evict_first(split_build):
+    """evict_first_inputs (default 1): the split kernels' TMA loads carry L2's evict-first policy
+    (0x12F0000000000000, whose high word is an immediate of the load's policy operand), the other
+    kernels the normal one (0x1000000000000000) (NOTES.md, runs 249-250)."""
+    try:
+        tools = find_sass_tools()
+    except StageError as exc:  # the tools are optional on a developer machine
+        pytest.skip(str(exc))
+    _, listing = dump_sass(tools, split_build[0]["artifact"])
+    split, others = [], []
+    for function in re.split(r"\n\s*Function : ", listing)[1:]:
+        name = function.split("\n", 1)[0]
+        (split if is_split(name) or is_wide(name) else others).append(function.lower())
+    assert len(split) == 4 + 2 * split_build[0]["tunables"]["split_wide"] and others
+    assert all("utmaldg" in f and "0x12f00000" in f and "0x10000000" not in f for f in split)
+    assert all("0x12f00000" not in f and "0x10000000" in f for f in others)
+
+
 # (B, H, S) on an H100's 132 SMs: 8 heads x 4 query tiles -> clusters of 2, two key tiles each
 # (32 clusters of 4 do not fit at once: NOTES.md, run 21); 16 x 4 -> 2, two each; 2 x 5 tiles of
 # 520 -> 4 (shares 1, 1, 1, 2, the last tile 8 keys, the last query tile 8 rows: the grid that
