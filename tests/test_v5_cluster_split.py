@@ -71,15 +71,24 @@ def test_split_kernels_build_without_spills(split_build):
         assert len(d64) == 2 and all(r["registers"] <= 65536 // (256 * ctas) // 8 * 8 for r in d64), d64
 
 
-def test_split_kernels_push_through_st_async_without_a_fence(split_build):
+def split_and_other_sass(split_build) -> tuple[list[str], list[str]]:
+    """The build's SASS, function by function (each body starting with its name): the split kernels'
+    (wide ones included, their count checked) and the others'."""
     try:
         tools = find_sass_tools()
     except StageError as exc:  # the tools are optional on a developer machine
         pytest.skip(str(exc))
     _, listing = dump_sass(tools, split_build[0]["artifact"])
-    functions = re.split(r"\n\s*Function : ", listing)
-    split = [f for f in functions if is_split(f.split("\n", 1)[0]) or is_wide(f.split("\n", 1)[0])]
-    assert len(split) == 4 + 2 * split_build[0]["tunables"]["split_wide"]
+    split, others = [], []
+    for body in re.split(r"\n\s*Function : ", listing)[1:]:
+        name = body.split("\n", 1)[0]
+        (split if is_split(name) or is_wide(name) else others).append(body)
+    assert len(split) == 4 + 2 * split_build[0]["tunables"]["split_wide"] and others
+    return split, others
+
+
+def test_split_kernels_push_through_st_async_without_a_fence(split_build):
+    split, _ = split_and_other_sass(split_build)
     for body in split:
         head_dim = int(re.search(r"_tELi(\d+)ELi", body.split("\n", 1)[0]).group(1))   # KernelTraits<T, D, ...>
         assert body.count("STAS.128") == 1 + head_dim // 8   # max and sum, then O, 16 bytes per lane each
@@ -92,16 +101,8 @@ def test_split_kernels_load_their_inputs_evict_first(split_build):
     """evict_first_inputs (default 1): the split kernels' TMA loads carry L2's evict-first policy
     (0x12F0000000000000, whose high word is an immediate of the load's policy operand), the other
     kernels the normal one (0x1000000000000000) (NOTES.md, runs 249-250)."""
-    try:
-        tools = find_sass_tools()
-    except StageError as exc:  # the tools are optional on a developer machine
-        pytest.skip(str(exc))
-    _, listing = dump_sass(tools, split_build[0]["artifact"])
-    split, others = [], []
-    for function in re.split(r"\n\s*Function : ", listing)[1:]:
-        name = function.split("\n", 1)[0]
-        (split if is_split(name) or is_wide(name) else others).append(function.lower())
-    assert len(split) == 4 + 2 * split_build[0]["tunables"]["split_wide"] and others
+    split, others = split_and_other_sass(split_build)
+    split, others = [f.lower() for f in split], [f.lower() for f in others]
     assert all("utmaldg" in f and "0x12f00000" in f and "0x10000000" not in f for f in split)
     assert all("0x12f00000" not in f and "0x10000000" in f for f in others)
 
