@@ -270,7 +270,21 @@ template <class Traits, bool kCausal>
 __device__ void prefetch_inputs(typename Traits::Params const& params) {
     const int S = params.seq_len;
     const TileScheduler<Traits, kCausal> scheduler{params};
+#if V5_DEV_PREFETCH_GRID == 2
+    // Development (run 251): the tiles of the CTA half a grid later in dispatch order, the same query
+    // tile and rank of the head (gridDim.y) or batch (gridDim.z) half the grid away, so the CTAs that
+    // enter first ask for those that enter last.
+    TileCoord tile = scheduler.coord(scheduler.first());
+    if (gridDim.z > 1) {
+        tile.batch += gridDim.z / 2;
+        if (tile.batch >= int(gridDim.z)) tile.batch -= gridDim.z;
+    } else {
+        tile.head += gridDim.y / 2;
+        if (tile.head >= int(gridDim.y)) tile.head -= gridDim.y;
+    }
+#else
     const TileCoord tile = scheduler.coord(scheduler.first());
+#endif
     auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, nullptr, nullptr);
     const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
