@@ -233,72 +233,25 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
 // whose share holds it, Q by rank 0 of its cluster. A prefetch moves nothing into the CTA, and L2 is
 // where every SM's stores land, so a line it brings in before the previous grid writes it is updated
 // in place.
-#if V5_DEV_PREFETCH_HINT
-// Development (run 251): cp.async.bulk.prefetch.tensor with L2's evict-first policy, one box.
-struct PrefetchEvictFirst {
-    static constexpr uint64_t kHint = uint64_t(TMA::CacheHintSm90::EVICT_FIRST);
-    __device__ static void copy(void const* desc, int32_t const& c0, int32_t const& c1, int32_t const& c2,
-                                int32_t const& c3) {
-        asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.L2::cache_hint [%0, {%1, %2, %3, %4}], %5;"
-                     :
-                     : "l"(reinterpret_cast<uint64_t>(desc)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "l"(kHint)
-                     : "memory");
-    }
-    __device__ static void copy(void const* desc, int32_t const& c0, int32_t const& c1, int32_t const& c2) {
-        asm volatile("cp.async.bulk.prefetch.tensor.3d.L2.global.L2::cache_hint [%0, {%1, %2, %3}], %4;"
-                     :
-                     : "l"(reinterpret_cast<uint64_t>(desc)), "r"(c0), "r"(c1), "r"(c2), "l"(kHint)
-                     : "memory");
-    }
-};
-#endif
-
-template <class Tma, class Src>
-__device__ __forceinline__ void prefetch_tile(Tma const& tma, Src const& src) {
-#if V5_DEV_PREFETCH_HINT
-    static_assert(decltype(rank(src))::value == 1, "one TMA box a prefetch");
-    auto coord = src.data().coord_;
-    cute::tuple<TmaDescriptor const*> opargs{tma.get_tma_descriptor()};
-    cute::detail::explode_tuple(cute::detail::CallCOPY<PrefetchEvictFirst>{}, opargs, tuple_seq<decltype(opargs)>{},
-                                coord, tuple_seq<decltype(coord)>{});
-#else
-    cute::prefetch(tma, src);
-#endif
-}
-
 template <class Traits, bool kCausal>
 __device__ void prefetch_inputs(typename Traits::Params const& params) {
     const int S = params.seq_len;
     const TileScheduler<Traits, kCausal> scheduler{params};
-#if V5_DEV_PREFETCH_GRID == 2
-    // Development (run 251): the tiles of the CTA half a grid later in dispatch order, the same query
-    // tile and rank of the head (gridDim.y) or batch (gridDim.z) half the grid away, so the CTAs that
-    // enter first ask for those that enter last.
-    TileCoord tile = scheduler.coord(scheduler.first());
-    if (gridDim.z > 1) {
-        tile.batch += gridDim.z / 2;
-        if (tile.batch >= int(gridDim.z)) tile.batch -= gridDim.z;
-    } else {
-        tile.head += gridDim.y / 2;
-        if (tile.head >= int(gridDim.y)) tile.head -= gridDim.y;
-    }
-#else
     const TileCoord tile = scheduler.coord(scheduler.first());
-#endif
     auto [tKg, tKs, tVg, tVs] = key_value_partitions<Traits>(params, tile, nullptr, nullptr);
     const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
     const evo_sm90::KeyShare span = scheduler.key_span(keys);
     const int m_blocks = scheduler.m_blocks();
     for (int n = span.end - 1; n >= span.begin; --n) {
         if (n % m_blocks != tile.m_block) continue;
-        prefetch_tile(params.tma_k, tKg(_, n));
-        prefetch_tile(params.tma_v, tVg(_, n));
+        cute::prefetch(params.tma_k, tKg(_, n));
+        cute::prefetch(params.tma_v, tVg(_, n));
     }
     if (evo_sm90::cluster_rank() == 0) {
         Tensor gQ = query_tile<Traits>(params, tile);
         Tensor sQ = make_tensor(make_smem_ptr(static_cast<typename Traits::Element*>(nullptr)), typename Traits::SmemLayoutQ{});
         auto [tQg, tQs] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-        prefetch_tile(params.tma_q, tQg);
+        cute::prefetch(params.tma_q, tQg);
     }
 }
 
@@ -309,7 +262,6 @@ __device__ void prefetch_inputs(typename Traits::Params const& params) {
 template <class Traits>
 __device__ bool prefetches_inputs() {
     if constexpr (kPdlKernel<Traits> && Traits::kMinBlocksPerSm > 1) {
-        if (V5_DEV_PREFETCH_GRID > 0) return true;   // development (run 251): every grid
         constexpr unsigned kFreeSlots = Traits::kMinBlocksPerSm - 1;
         return gridDim.x * gridDim.y * gridDim.z <= evo_sm90::sm_id_count() * kFreeSlots;
     } else {

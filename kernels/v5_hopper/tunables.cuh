@@ -151,15 +151,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macros (off), run 251: since evict_first_inputs the split kernels' loads no longer
-// evict o's dirty lines, so DRAM no longer writes back beside a call's first reads; every prefetch
-// on (2,8,512,64)'s grid was measured before that (runs 140-208). V5_DEV_PREFETCH_GRID=1 opens the
-// D=64 split prefetch on every grid (2: each CTA asks for the tiles of the CTA half a grid later in
-// dispatch order); V5_DEV_PREFETCH_HINT=1 gives the prefetches the loads' hint.
-#ifndef V5_DEV_PREFETCH_GRID
-#define V5_DEV_PREFETCH_GRID 0
-#endif
-#ifndef V5_DEV_PREFETCH_HINT
-#define V5_DEV_PREFETCH_HINT 0
-#endif
