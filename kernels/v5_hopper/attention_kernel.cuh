@@ -461,11 +461,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         // the pass's end then has only the P V wait (NOTES.md, runs 162-163).
         constexpr bool kConvertUnderQk = Traits::kSplit && Traits::kOptimisticMax && !kPingpong;
         if constexpr (kConvertUnderQk) {
-#if V5_DEV_OPTIMISTIC_FIRST
-            softmax.first_update_optimistic(s_rc, p_rc, o_scale);
-#else
             softmax.first_update_into(s_rc, p_rc, o_scale);
-#endif
         } else {
             softmax.template update<true>(s_rc, o_scale);
         }

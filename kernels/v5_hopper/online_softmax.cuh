@@ -98,34 +98,6 @@ struct OnlineSoftmax {
     // Each thread's sum of a row's probabilities bounds every one of them.
     static constexpr float kOptimisticSumLimit = 256.f;   // 2^kLazyThresholdLog2
 
-#if V5_DEV_OPTIMISTIC_FIRST
-    // Development (run 252): the first tile exponentiated against a maximum of 0 (exp2 units), before
-    // its own maximum is known, so its FMNMX chain and the quad's shuffles are skipped. Kept where
-    // every thread's sum of each of its rows lies in [1, 2^8]: every probability is then at most 2^8,
-    // as lazy rescaling allows, and the row's largest at least 1/16, so fp16's P loses no more than the
-    // exact path's; otherwise (a row far from 0, masked columns, an overflow, a NaN) the exact path.
-    template <class ScoresRowCol, class ProbsRowCol>
-    __device__ void first_update_optimistic(ScoresRowCol const& s, ProbsRowCol& p, float (&o_scale)[kRows]) {
-        float tile_sums[kRows];
-        bool within = true;
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-            tile_sums[r] = exponentiate_row(s, r, 0.f, row_writer(p, r));
-            within = within && tile_sums[r] >= 1.f && tile_sums[r] <= kOptimisticSumLimit;
-        }
-        if (__all_sync(0xffffffff, within)) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-                o_scale[r] = 1.f;
-                row_max[r] = 0.f;
-                row_sum[r] = tile_sums[r];
-            }
-            return;
-        }
-        first_update_into(s, p, o_scale);
-    }
-#endif
-
     // A tile after the first, optimistically (lazy_rescale 3 and 4): each row is exponentiated
     // against its running maximum before the tile's own maximum is known, so its 32 FMNMX and the
     // quad's shuffles are skipped. Where every thread of the warp has a sum of at most 2^8 for the row,

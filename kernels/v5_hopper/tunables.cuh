@@ -151,9 +151,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off), run 252: the split kernels' first key tile exponentiated against a maximum
-// of 0 and kept where every thread's row sums lie in [1, 2^8] (OnlineSoftmax::first_update_optimistic).
-#ifndef V5_DEV_OPTIMISTIC_FIRST
-#define V5_DEV_OPTIMISTIC_FIRST 0
-#endif
