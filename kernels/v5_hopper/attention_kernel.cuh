@@ -386,26 +386,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);    // (MMA, MMA_N, MMA_K, stages)
 
     Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));
-#if V5_DEV_S_HALVES
-    // Development (run 253): a later tile's S as two n32 products, each on its half of the keys, in
-    // the registers of S's two halves (columns 8j + ..., j < N/16 and j >= N/16).
-    constexpr int kHalfN = Traits::kBlockN / 2;
-    using TiledMmaQKHalf = decltype(make_tiled_mma(
-        GMMA::ss_op_selector<Element, Element, typename Traits::ElementAccum,
-                             Shape<Int<Traits::kBlockM>, Int<kHalfN>, Int<Traits::kHeadDim>>>(),
-        typename Traits::AtomLayoutMma{}));
-    TiledMmaQKHalf mma_qk_half;
-    auto thr_qk_half = mma_qk_half.get_thread_slice(consumer_thread);
-    Tensor sK_halves = flat_divide(sK, Shape<Int<kHalfN>, Int<Traits::kHeadDim>>{});   // (n, d, 2, 1, stages)
-    Tensor tSrK_a = thr_qk_half.partition_fragment_B(sK_halves(_, _, 0, 0, _));
-    Tensor tSrK_b = thr_qk_half.partition_fragment_B(sK_halves(_, _, 1, 0, _));
-    Tensor tSrS_half = partition_fragment_C(mma_qk_half, Shape<Int<Traits::kBlockM>, Int<kHalfN>>{});
-    static_assert(decltype(size(tSrS_half))::value * 2 == decltype(size(tSrS))::value);
-    static_assert(decltype(tSrS.layout())::rank == 3 && decltype(stride<0, 2>(tSrS))::value == 4 &&
-                  decltype(stride<0, 2>(tSrS_half))::value == 4, "S's n8 blocks four values apart");
-    Tensor tSrS_a = make_tensor(tSrS.data(), tSrS_half.layout());
-    Tensor tSrS_b = make_tensor(tSrS.data() + size(tSrS_half), tSrS_half.layout());
-#endif
     Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
     Tensor s_rc = rowcol_view(tSrS);
     // The optimistic softmax's probabilities (lazy_rescale 3 and 4): unused, and so absent, elsewhere.
@@ -469,13 +449,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared, probe);
         }
         turn.wait();
-#if V5_DEV_S_HALVES
-        if constexpr (Traits::kSplit && Traits::kOptimisticMax && Traits::kConsumerWarpGroups == 1) {
-            // S only ever from the n32 products: an n64 one into the same registers serialised them all.
-            warpgroup_gemm<true>(mma_qk_half, tSrQ_tile, tSrK_a(_, _, _, read_k.index()), tSrS_a);
-            warpgroup_gemm<true>(mma_qk_half, tSrQ_tile, tSrK_b(_, _, _, read_k.index()), tSrS_b);
-        } else
-#endif
         warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
         turn.pass();
         warpgroup_wait<0>();
@@ -518,12 +491,6 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             pipeline_k.consumer_wait(read_k);
             pipeline_v.consumer_wait(read_v);
             turn.wait();
-#if V5_DEV_S_HALVES
-            if constexpr (kConvertUnderQk) {
-                warpgroup_gemm<true>(mma_qk_half, tSrQ_tile, tSrK_a(_, _, _, read_k.index()), tSrS_a);
-                warpgroup_gemm<true>(mma_qk_half, tSrQ_tile, tSrK_b(_, _, _, read_k.index()), tSrS_b);
-            } else
-#endif
             warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             if constexpr (kConvertUnderQk) {
                 // Under the Q K^T: the previous tile's rescale and conversion (its P V has completed).
@@ -532,45 +499,18 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             }
             warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
             turn.pass();
-            bool rescaled;
-#if V5_DEV_S_HALVES
-            if constexpr (kConvertUnderQk && kOneVote) {
-                // Both paths reach the vote with only P V pending (paths joining with different
-                // groups pending serialised every wgmma: ptxas C7514).
-                float sums[kRows];
-                if (keys.needs_mask(n)) {
-                    warpgroup_wait<1>();
-                    warpgroup_fence_operand(tSrS);
-                    keys.apply(s_rc, coord_rc, n);
-                    softmax.template exponentiate_half<0>(s_rc, p_rc, sums);
-                    softmax.template exponentiate_half<1>(s_rc, p_rc, sums);
-                } else {
-                    warpgroup_wait<V5_DEV_S_HALVES == 2 ? 1 : 2>();   // S's first half has landed
-                    warpgroup_fence_operand(tSrS_a);
-                    softmax.template exponentiate_half<0>(s_rc, p_rc, sums);
-                    end_block_after(sums[kRows - 1]);   // else ptxas hoists the next wait above the half
-                    warpgroup_wait<1>();    // the second half; P V of the previous tile may still run
-                    warpgroup_fence_operand(tSrS_b);
-                    softmax.template exponentiate_half<1>(s_rc, p_rc, sums);
-                }
-                V5_STEP_PROBE(kStep1S);
-                release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
-                rescaled = softmax.finish_optimistic(s_rc, p_rc, o_scale, sums);
-            } else
-#endif
-            {
             warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
             warpgroup_fence_operand(tSrS);
             V5_STEP_PROBE(kStep1S);
             release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+            bool rescaled;
             if constexpr (Traits::kOptimisticMax) {
                 rescaled = softmax.template update_optimistic<kOneVote>(s_rc, p_rc, o_scale);
             } else {
                 rescaled = softmax.template update<false>(s_rc, o_scale);
             }
             if constexpr (Traits::kFreeIssue) end_block_after(softmax.row_sum[kRows - 1]);
-            }
             V5_STEP_PROBE(kStep1Softmax);
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);

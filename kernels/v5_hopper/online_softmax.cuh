@@ -151,49 +151,6 @@ struct OnlineSoftmax {
         }
     }
 
-#if V5_DEV_S_HALVES
-    // Development (run 253): update_optimistic<true> in two calls, so the first half of a tile's
-    // columns (the first n32 Q K^T's) is exponentiated while the second half's product still runs.
-    // exponentiate_half<h> adds row r's half h to sums[r]; finish_optimistic votes on the whole tile.
-    template <int kHalf, class ScoresRowCol, class ProbsRowCol>
-    __device__ void exponentiate_half(ScoresRowCol const& s, ProbsRowCol& p, float (&sums)[kRows]) const {
-        constexpr int kCols = decltype(size<1>(s))::value;
-        static_assert(kCols % 4 == 0, "two halves of column pairs");
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kRows; ++r) {
-            const float m_scaled = scaled_max(row_max[r]);
-            auto out = row_writer(p, r);
-            float sum = kHalf == 0 ? 0.f : sums[r];
-            CUTLASS_PRAGMA_UNROLL
-            for (int c = kHalf * kCols / 2; c < (kHalf + 1) * kCols / 2; ++c) {
-                const float v = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
-                out.put(c, v);
-                sum += v;
-            }
-            sums[r] = sum;
-        }
-    }
-    template <class ScoresRowCol, class ProbsRowCol>
-    __device__ bool finish_optimistic(ScoresRowCol const& s, ProbsRowCol& p, float (&o_scale)[kRows],
-                                      float const (&sums)[kRows]) {
-        bool within = true;
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kRows; ++r) within = within && sums[r] <= kOptimisticSumLimit;
-        if (__all_sync(0xffffffff, within)) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < kRows; ++r) {
-                o_scale[r] = 1.f;
-                row_sum[r] += sums[r];
-            }
-            return false;
-        }
-        bool rescaled = false;
-        CUTLASS_PRAGMA_UNROLL
-        for (int r = 0; r < kRows; ++r) update_row<false, false>(s, r, o_scale, rescaled, row_writer(p, r));
-        return true;
-    }
-#endif
-
     // update's row r, its probabilities written to out(c); kKeep: keep the running maximum unless
     // the tile's exceeds it by more than kLazyThresholdLog2 (and set `rescaled` where it does).
     template <bool kFirstTile, bool kKeep, class ScoresRowCol, class Out>

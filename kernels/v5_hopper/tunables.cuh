@@ -151,9 +151,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off), run 253: in the 64-row split kernels each later key tile's S = Q K^T is two
-// n32 products, and the first half's exponentials run while the second half's product does.
-#ifndef V5_DEV_S_HALVES
-#define V5_DEV_S_HALVES 0
-#endif
