@@ -373,19 +373,19 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
     using Element = typename Traits::Element;
     using BarrierQ = typename Traits::BarrierQ;
     using BarrierQEmpty = typename Traits::BarrierQEmpty;
-    typename Traits::TiledMmaQKPass mma_qk;
+    typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(consumer_thread);
     auto thr_pv = mma_pv.get_thread_slice(consumer_thread);
 
     Tensor sQ = make_tensor(make_smem_ptr(shared.q.data()), typename Traits::SmemLayoutQ{});
-    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutKPass{});
-    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVtPass{});
+    Tensor sK = make_tensor(make_smem_ptr(shared.k.data()), typename Traits::SmemLayoutK{});
+    Tensor sVt = make_tensor(make_smem_ptr(shared.v.data()), typename Traits::SmemLayoutVt{});
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);     // wgmma descriptors (MMA, MMA_M, MMA_K, buffers)
     Tensor tSrK = thr_qk.partition_fragment_B(sK);     // (MMA, MMA_N, MMA_K, stages)
     Tensor tOrV = thr_pv.partition_fragment_B(sVt);    // (MMA, MMA_N, MMA_K, stages)
 
-    Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename Traits::TileShapeQKPass{}));
+    Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));
     Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
     Tensor s_rc = rowcol_view(tSrS);
     // The optimistic softmax's probabilities (lazy_rescale 3 and 4): unused, and so absent, elsewhere.
@@ -409,22 +409,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         }
     };
     Tensor o_rc = rowcol_view(tOrO);
-    Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQKPass{}))));
-    // A pass's stages (kPassTiles of them, adjacent), waited for, released and passed together.
-    constexpr int kPass = Traits::kPassTiles;
-    const auto wait_pass = [](typename Traits::Pipeline& pipeline, typename Traits::PipelineState state) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < kPass; ++i, ++state) pipeline.consumer_wait(state);
-    };
-    const auto release_pass = [](typename Traits::Pipeline& pipeline, typename Traits::Pipeline::SharedStorage& ring,
-                                 typename Traits::PipelineState state) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < kPass; ++i, ++state) release_stage<Traits>(pipeline, ring, state);
-    };
-    const auto advance = [](typename Traits::PipelineState& state) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < kPass; ++i) ++state;
-    };
+    Tensor coord_rc = rowcol_view(thr_qk.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}))));
     constexpr int kRows = decltype(size<0>(s_rc))::value;
     // One optimistic vote for both of a thread's rows (OnlineSoftmax::update_optimistic) in the split
     // kernels of one consumer warp group, where nothing else fills MUFU between the rows (the unsplit
@@ -457,22 +442,19 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         Tensor tSrQ_tile = tSrQ(_, _, _, q_buffer);
 
         int n = span.end - 1;
-        if constexpr (kPass > 1) {   // development: pairs of whole tiles only
-            if ((span.end - span.begin) % kPass != 0 || keys.needs_mask(n)) __trap();
-        }
         // First key tile: S = Q K^T, softmax; its P V is issued with the next tile's Q K^T.
-        wait_pass(pipeline_k, read_k);
+        pipeline_k.consumer_wait(read_k);
         if (tile_count == 0) probe.mark(trace::kFirstKReady);
         if constexpr (Traits::kNoProducer) {
             if (consumer_thread == 0) send_rest_loads<Traits, kCausal>(params, shared, probe);
         }
         turn.wait();
-        warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index() / kPass), tSrS);
+        warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
         turn.pass();
         warpgroup_wait<0>();
         warpgroup_fence_operand(tSrS);
         if (tile_count == 0) probe.mark(trace::kFirstS);
-        release_pass(pipeline_k, shared.pipeline_k, read_k);
+        release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
         if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
         // In the split kernels each tile's P waits in its own fragment until the next pass, which
         // converts it, with O's rescale vote, under its Q K^T (FA3's order within a warp group):
@@ -491,7 +473,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         if constexpr (kPdlKernel<Traits> && Traits::kHeadDim == 64) evo_sm90::allow_next_grid();
         Tensor tOrP = convert_to_a_operand<Element>(tSrS);   // kConvertUnderQk: the first pass converts P
         auto read_v = read_k;
-        advance(read_k);
+        ++read_k;
         bool rescaled_last = false;   // kConvertUnderQk: the previous softmax moved some row's maximum
 
 #if V5_HOPPER_TRACE
@@ -501,26 +483,26 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
 #else
 #define V5_STEP_PROBE(point)
 #endif
-        for (n -= kPass; n >= span.begin + kPass - 1; n -= kPass) {
+        for (--n; n >= span.begin; --n) {
 #if V5_HOPPER_TRACE
             ++pass;
 #endif
             V5_STEP_PROBE(kStep1Top);
-            wait_pass(pipeline_k, read_k);
-            wait_pass(pipeline_v, read_v);
+            pipeline_k.consumer_wait(read_k);
+            pipeline_v.consumer_wait(read_v);
             turn.wait();
-            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index() / kPass), tSrS);
+            warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             if constexpr (kConvertUnderQk) {
                 // Under the Q K^T: the previous tile's rescale and conversion (its P V has completed).
                 if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
                 tOrP = p_operand();
             }
-            warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index() / kPass), tOrO);
+            warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
             turn.pass();
             warpgroup_wait<1>();            // S of tile n has landed; P V of the previous tile may still run
             warpgroup_fence_operand(tSrS);
             V5_STEP_PROBE(kStep1S);
-            release_pass(pipeline_k, shared.pipeline_k, read_k);
+            release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
             bool rescaled;
             if constexpr (Traits::kOptimisticMax) {
@@ -533,7 +515,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             warpgroup_wait<0>();            // P V done: O may be rescaled and P's registers reused
             warpgroup_fence_operand(tOrO);
             V5_STEP_PROBE(kStep1Pv);
-            release_pass(pipeline_v, shared.pipeline_v, read_v);
+            release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
             if constexpr (kConvertUnderQk) {
                 rescaled_last = rescaled;
             } else {
@@ -546,7 +528,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
                 }
             }
             read_v = read_k;
-            advance(read_k);
+            ++read_k;
         }
 #undef V5_STEP_PROBE
         // Every Q K^T of this query tile has completed: the producer may load the next Q.
@@ -557,9 +539,9 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             if (__any_sync(0xffffffff, rescaled_last)) scale_rows(o_rc, o_scale);
             tOrP = p_operand();
         }
-        wait_pass(pipeline_v, read_v);
+        pipeline_v.consumer_wait(read_v);
         turn.wait();
-        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index() / kPass), tOrO);
+        warpgroup_gemm<false>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO);
         if (!turn.is_last()) turn.pass();
         if (tile_count == 0) probe.mark(trace::kLastPvIssued);
         // A split CTA's whole sums, for its push or its fold, under the last P V.
@@ -568,7 +550,7 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         warpgroup_wait<0>();
         warpgroup_fence_operand(tOrO);
         if (tile_count == 0) probe.mark(trace::kLastPv);
-        release_pass(pipeline_v, shared.pipeline_v, read_v);
+        release_stage<Traits>(pipeline_v, shared.pipeline_v, read_v);
         // O's rows from registers (the split kernels, and tma_epilogue 0), columns [begin, end) of the
         // row view (end -1: to the last).
         Tensor coord_o = rowcol_view(thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{}))));

@@ -97,21 +97,6 @@ struct KernelTraits {
     using SmemLayoutVt = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
                                                 Shape<Int<kHeadDim>, Int<kBlockN>, Int<kStages>>{},
                                                 Step<_2, _1, _3>{}));
-    // Development (run 254, V5_DEV_PAIR_PASSES): a 64-row D=64 split consumer runs each pass over two
-    // adjacent 64-key stages as one 128-key tile (one K-major and one MN-major SW128 tile each), loaded
-    // as now. Without the macro a pass is a stage and these are the types above.
-    static constexpr bool kPairPasses = V5_DEV_PAIR_PASSES && kSplit && !kNoProducer && kConsumerWarpGroups == 1 &&
-                                        kHeadDim == 64 && kStages % 2 == 0 && kOptimisticMax;
-    static constexpr int kPassTiles = kPairPasses ? 2 : 1;
-    static constexpr int kPassN = kBlockN * kPassTiles;
-    using TileShapeQKPass = Shape<Int<kBlockM>, Int<kPassN>, Int<kHeadDim>>;
-    using TiledMmaQKPass = decltype(make_tiled_mma(
-        GMMA::ss_op_selector<Element, Element, ElementAccum, TileShapeQKPass>(), AtomLayoutMma{}));
-    using SmemLayoutKPass = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
-                                                   Shape<Int<kPassN>, Int<kHeadDim>, Int<kStages / kPassTiles>>{}));
-    using SmemLayoutVtPass = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{},
-                                                    Shape<Int<kHeadDim>, Int<kPassN>, Int<kStages / kPassTiles>>{},
-                                                    Step<_2, _1, _3>{}));
 
     // Global tensors as (S, D, H, B) for Q and K and (D, S, H, B) for V^T: four-dimensional
     // boxes, so a tile past the end of one head's rows is zero-filled, never the next head's.

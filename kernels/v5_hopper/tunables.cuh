@@ -151,9 +151,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off), run 254: the 64-row D=64 split consumer's passes over pairs of adjacent
-// 64-key stages as 128-key tiles (KernelTraits::kPairPasses), loaded as now.
-#ifndef V5_DEV_PAIR_PASSES
-#define V5_DEV_PAIR_PASSES 0
-#endif
