@@ -197,12 +197,7 @@ int launch_traits(typename Traits::Params const& params, cudaStream_t stream) {
     // and batch are far below the 65535 a grid's y and z allow.
     if constexpr (Traits::kSplit) {
         if (params.heads > 65535 || params.batch > 65535) return kUnsupported;
-        if (V5_DEV_M_MAJOR > 0) {
-            if (m_blocks > 65535) return kUnsupported;
-            config.gridDim = dim3(unsigned(params.heads * params.key_splits), unsigned(params.batch), unsigned(m_blocks));
-        } else {
-            config.gridDim = dim3(unsigned(m_blocks * params.key_splits), unsigned(params.heads), unsigned(params.batch));
-        }
+        config.gridDim = dim3(unsigned(m_blocks * params.key_splits), unsigned(params.heads), unsigned(params.batch));
     } else {
         config.gridDim = dim3(unsigned(ctas));
     }

@@ -43,10 +43,7 @@ struct TileScheduler {
         // A split grid is (query tiles x splits, heads, batch), one tile a cluster: its coordinates
         // are the CTA's indices. From a 1-D index they took three runtime divisions, on the loading
         // thread's path to its first load and again on the owner's after the merge (NOTES.md, run 132).
-        if constexpr (Traits::kSplit) {
-            if constexpr (V5_DEV_M_MAJOR > 0) return {int(blockIdx.z), evo_sm90::cluster_id_x(), int(blockIdx.y)};
-            return {evo_sm90::cluster_id_x(), int(blockIdx.y), int(blockIdx.z)};
-        }
+        if constexpr (Traits::kSplit) return {evo_sm90::cluster_id_x(), int(blockIdx.y), int(blockIdx.z)};
         int m_block, head_index;
         order().locate(tile, m_block, head_index);
         return {m_block, head_index % params.heads, head_index / params.heads};

@@ -151,8 +151,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-// Development (off): a split grid as (splits x heads, batch, query tiles), so the hardware dispatches
-// every head's first query tile before any head's second (NOTES.md, run 255).
-#ifndef V5_DEV_M_MAJOR
-#define V5_DEV_M_MAJOR 0
-#endif
