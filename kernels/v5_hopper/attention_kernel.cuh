@@ -208,6 +208,13 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                 }
                 copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write), 0, input_hint<Traits>()), tKg(_, n),
                      tKs(_, write.index()));
+                if constexpr (V5_DEV_BURST_GAP > 0 && Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
+                    if (first_load) {
+                        const long long gap_start = clock64();
+                        while (clock64() - gap_start < V5_DEV_BURST_GAP) {
+                        }
+                    }
+                }
             }
             if constexpr (kRings != Rings::kK) {
                 pipeline_v.producer_acquire(write);

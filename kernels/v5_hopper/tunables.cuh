@@ -151,3 +151,8 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
+// Development (off): the D=64 split CTA's K/V thread spins this many cycles between its first K and
+// the rest of its first burst (V0, K1, V1), so every CTA's Q and K0 reach DRAM's queues first (NOTES.md, run 256).
+#ifndef V5_DEV_BURST_GAP
+#define V5_DEV_BURST_GAP 0
+#endif
