@@ -217,6 +217,13 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                 }
             }
             if constexpr (kRings != Rings::kK) {
+                if constexpr (V5_DEV_BURST_GAP2 > 0 && Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
+                    if (n == span.end - 2) {
+                        const long long gap_start = clock64();
+                        while (clock64() - gap_start < V5_DEV_BURST_GAP2) {
+                        }
+                    }
+                }
                 pipeline_v.producer_acquire(write);
                 if constexpr (kRings == Rings::kV && kPdlKernel<Traits>) {
                     if (first_load) evo_sm90::wait_for_previous_grid();

@@ -156,3 +156,7 @@
 #ifndef V5_DEV_BURST_GAP
 #define V5_DEV_BURST_GAP 0
 #endif
+// Development (off): with V5_DEV_BURST_GAP, a second spin of this many cycles between K1 and V1 (run 257).
+#ifndef V5_DEV_BURST_GAP2
+#define V5_DEV_BURST_GAP2 0
+#endif
