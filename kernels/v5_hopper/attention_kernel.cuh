@@ -182,6 +182,53 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
         if (first_load) probe.mark(trace::kKvScheduled);
+#if V5_DEV_PACED > 0
+        if constexpr (Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth && !kFirstSent) {
+            const int tiles = span.end - span.begin;
+            if (tiles <= Traits::kStages) {
+                auto k_src = tKg;
+                auto k_dst = tKs;
+                auto v_src = tVg;
+                auto v_dst = tVs;
+                auto k_state = write;
+                auto v_state = write;
+                int k_sent = 0, v_sent = 0;
+                const auto spin = [](long long cycles) {
+                    const long long start = clock64();
+                    while (clock64() - start < cycles) {
+                    }
+                };
+                const auto send_k = [&] {
+                    pipeline_k.producer_acquire(k_state);
+                    if (first_load) {
+                        if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
+                        first_load = false;
+                    }
+                    copy(params.tma_k.with(*pipeline_k.producer_get_barrier(k_state), 0, input_hint<Traits>()),
+                         k_src(_, span.end - 1 - k_sent), k_dst(_, k_state.index()));
+                    ++k_state;
+                    ++k_sent;
+                };
+                const auto send_v = [&] {
+                    pipeline_v.producer_acquire(v_state);
+                    copy(params.tma_v.with(*pipeline_v.producer_get_barrier(v_state), 0, input_hint<Traits>()),
+                         v_src(_, span.end - 1 - v_sent), v_dst(_, v_state.index()));
+                    ++v_state;
+                    ++v_sent;
+                };
+                send_k();
+                spin(V5_DEV_BURST_GAP);
+                for (int j = 1; j < tiles; ++j) {
+                    send_k();
+                    send_v();
+                    if (j + 1 < tiles) spin(V5_DEV_PACED);
+                }
+                send_v();
+                write = k_state;
+                continue;
+            }
+        }
+#endif
         int first_n = span.end - 1;
         if constexpr (kFirstSent) {
             const int sent = first_key_tiles(span);

@@ -160,3 +160,9 @@
 #ifndef V5_DEV_BURST_GAP2
 #define V5_DEV_BURST_GAP2 0
 #endif
+// Development (off): a D=64 split CTA whose share fits its stages sends it in the order its passes need it,
+// K0 | K1 V0 | K2 V1 | ... | V(last), a spin of V5_DEV_BURST_GAP cycles after K0 and of this many after each
+// later group, and never waits for a landing (run 258).
+#ifndef V5_DEV_PACED
+#define V5_DEV_PACED 0
+#endif
