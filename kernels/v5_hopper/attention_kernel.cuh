@@ -259,6 +259,10 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                     if (first_load) {
                         const long long gap_start = clock64();
                         while (clock64() - gap_start < V5_DEV_BURST_GAP) {
+                            if constexpr (V5_DEV_GAP_UNTIL_LANDED > 0) {
+                                if (cutlass::arch::ClusterBarrier::test_wait(pipeline_k.producer_get_barrier(write), 0, 1))
+                                    break;
+                            }
                         }
                     }
                 }

@@ -166,3 +166,7 @@
 #ifndef V5_DEV_PACED
 #define V5_DEV_PACED 0
 #endif
+// Development (off): the first gap (V5_DEV_BURST_GAP) ends early once K0 has landed (run 259).
+#ifndef V5_DEV_GAP_UNTIL_LANDED
+#define V5_DEV_GAP_UNTIL_LANDED 0
+#endif
