@@ -107,6 +107,19 @@ def test_split_kernels_load_their_inputs_evict_first(split_build):
     assert all("0x12f00000" not in f and "0x10000000" in f for f in others)
 
 
+def test_d64_split_kernels_of_four_stages_wait_inside_their_first_burst(split_build):
+    """split_burst_gap and split_burst_gap2 (defaults 800 and 400): the K/V thread of a D=64 split kernel
+    with a four-stage ring waits on the SM's clock between K0 and V0, and between K1 and V1; no other
+    kernel reads the clock (NOTES.md, runs 256-259)."""
+    split, others = split_and_other_sass(split_build)
+    tunables = split_build[0]["tunables"]
+    waits = tunables["split_burst_gap"] + tunables["split_burst_gap2"] > 0
+    four_stage_d64 = re.compile(r"ELi64ELi64ELi64ELi4ELb1ELb0ELb0EEE")
+    for body in split + others:
+        name = body.split("\n", 1)[0]
+        assert ("SR_CLOCKLO" in body) == (waits and four_stage_d64.search(name) is not None), name
+
+
 # (B, H, S) on an H100's 132 SMs: 8 heads x 4 query tiles -> clusters of 2, two key tiles each
 # (32 clusters of 4 do not fit at once: NOTES.md, run 21); 16 x 4 -> 2, two each; 2 x 5 tiles of
 # 520 -> 4 (shares 1, 1, 1, 2, the last tile 8 keys, the last query tile 8 rows: the grid that

@@ -160,6 +160,23 @@ __device__ __forceinline__ int first_key_tiles(evo_sm90::KeyShare const& span) {
 template <class Traits>
 constexpr bool kEarlyLoads = Traits::kSplit && Traits::kHeadDim == 128;
 
+// Where a D=64 split CTA's K/V thread splits its first burst (a four-stage ring, one thread for both
+// rings): Q and K0 go out first, and V0, K1 after a wait of split_burst_gap cycles or until K0 lands,
+// V1 split_burst_gap2 cycles after K1. At the release every CTA of the call sends its burst at once,
+// and the copies come back about in the order they were sent, per SM and from DRAM, so a CTA's first
+// product waited behind the other CTAs' V0, K1 and V1 (NOTES.md, runs 256-259).
+template <class Traits, Rings kRings>
+constexpr bool kBurstGaps = Traits::kSplit && Traits::kHeadDim == 64 && Traits::kStages > 2 && kRings == Rings::kBoth &&
+                            (V5_HOPPER_SPLIT_BURST_GAP > 0 || V5_HOPPER_SPLIT_BURST_GAP2 > 0);
+
+// Spins `cycles` on the SM's clock, ending early once `landed` (a full barrier, phase 0) completes.
+__device__ __forceinline__ void burst_gap(long long cycles, uint64_t* landed) {
+    const long long start = clock64();
+    while (clock64() - start < cycles) {
+        if (landed != nullptr && cutlass::arch::ClusterBarrier::test_wait(landed, 0, 1)) return;
+    }
+}
+
 // The K/V thread (warp 0 of the producer group): K and V tile by tile into their rings. With
 // Traits::kSeparateV it fills the K ring alone and a thread of warp 2 the V ring, so a K load never
 // waits behind the release of a V stage, which comes a step later.
@@ -182,53 +199,6 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, S};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
         if (first_load) probe.mark(trace::kKvScheduled);
-#if V5_DEV_PACED > 0
-        if constexpr (Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth && !kFirstSent) {
-            const int tiles = span.end - span.begin;
-            if (tiles <= Traits::kStages) {
-                auto k_src = tKg;
-                auto k_dst = tKs;
-                auto v_src = tVg;
-                auto v_dst = tVs;
-                auto k_state = write;
-                auto v_state = write;
-                int k_sent = 0, v_sent = 0;
-                const auto spin = [](long long cycles) {
-                    const long long start = clock64();
-                    while (clock64() - start < cycles) {
-                    }
-                };
-                const auto send_k = [&] {
-                    pipeline_k.producer_acquire(k_state);
-                    if (first_load) {
-                        if constexpr (kPdlKernel<Traits>) evo_sm90::wait_for_previous_grid();
-                        first_load = false;
-                    }
-                    copy(params.tma_k.with(*pipeline_k.producer_get_barrier(k_state), 0, input_hint<Traits>()),
-                         k_src(_, span.end - 1 - k_sent), k_dst(_, k_state.index()));
-                    ++k_state;
-                    ++k_sent;
-                };
-                const auto send_v = [&] {
-                    pipeline_v.producer_acquire(v_state);
-                    copy(params.tma_v.with(*pipeline_v.producer_get_barrier(v_state), 0, input_hint<Traits>()),
-                         v_src(_, span.end - 1 - v_sent), v_dst(_, v_state.index()));
-                    ++v_state;
-                    ++v_sent;
-                };
-                send_k();
-                spin(V5_DEV_BURST_GAP);
-                for (int j = 1; j < tiles; ++j) {
-                    send_k();
-                    send_v();
-                    if (j + 1 < tiles) spin(V5_DEV_PACED);
-                }
-                send_v();
-                write = k_state;
-                continue;
-            }
-        }
-#endif
         int first_n = span.end - 1;
         if constexpr (kFirstSent) {
             const int sent = first_key_tiles(span);
@@ -255,25 +225,13 @@ __device__ void produce_kv(typename Traits::Params const& params, typename Trait
                 }
                 copy(params.tma_k.with(*pipeline_k.producer_get_barrier(write), 0, input_hint<Traits>()), tKg(_, n),
                      tKs(_, write.index()));
-                if constexpr (V5_DEV_BURST_GAP > 0 && Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
-                    if (first_load) {
-                        const long long gap_start = clock64();
-                        while (clock64() - gap_start < V5_DEV_BURST_GAP) {
-                            if constexpr (V5_DEV_GAP_UNTIL_LANDED > 0) {
-                                if (cutlass::arch::ClusterBarrier::test_wait(pipeline_k.producer_get_barrier(write), 0, 1))
-                                    break;
-                            }
-                        }
-                    }
+                if constexpr (kBurstGaps<Traits, kRings>) {
+                    if (first_load) burst_gap(V5_HOPPER_SPLIT_BURST_GAP, pipeline_k.producer_get_barrier(write));
                 }
             }
             if constexpr (kRings != Rings::kK) {
-                if constexpr (V5_DEV_BURST_GAP2 > 0 && Traits::kSplit && Traits::kStages > 2 && kRings == Rings::kBoth) {
-                    if (n == span.end - 2) {
-                        const long long gap_start = clock64();
-                        while (clock64() - gap_start < V5_DEV_BURST_GAP2) {
-                        }
-                    }
+                if constexpr (kBurstGaps<Traits, kRings>) {
+                    if (n == span.end - 2) burst_gap(V5_HOPPER_SPLIT_BURST_GAP2, nullptr);
                 }
                 pipeline_v.producer_acquire(write);
                 if constexpr (kRings == Rings::kV && kPdlKernel<Traits>) {

@@ -131,6 +131,14 @@
 #ifndef V5_HOPPER_EVICT_FIRST_INPUTS
 #error "V5_HOPPER_EVICT_FIRST_INPUTS undefined: the build passes it from variant.yaml (tunables.evict_first_inputs)"
 #endif
+// the D=64 split CTA's first burst (four-stage ring): cycles its K/V thread waits after K0, or until K0
+// lands, before V0, K1 (0: no wait); and cycles it waits between K1 and V1
+#ifndef V5_HOPPER_SPLIT_BURST_GAP
+#error "V5_HOPPER_SPLIT_BURST_GAP undefined: the build passes it from variant.yaml (tunables.split_burst_gap)"
+#endif
+#ifndef V5_HOPPER_SPLIT_BURST_GAP2
+#error "V5_HOPPER_SPLIT_BURST_GAP2 undefined: the build passes it from variant.yaml (tunables.split_burst_gap2)"
+#endif
 // launch with programmatic dependent launch
 #ifndef V5_HOPPER_PDL
 #error "V5_HOPPER_PDL undefined: the build passes it from variant.yaml (tunables.pdl)"
@@ -150,23 +158,4 @@
 // register file traded by setmaxnreg keeps the next grid out of the slots this one frees.
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
-#endif
-// Development (off): the D=64 split CTA's K/V thread spins this many cycles between its first K and
-// the rest of its first burst (V0, K1, V1), so every CTA's Q and K0 reach DRAM's queues first (NOTES.md, run 256).
-#ifndef V5_DEV_BURST_GAP
-#define V5_DEV_BURST_GAP 0
-#endif
-// Development (off): with V5_DEV_BURST_GAP, a second spin of this many cycles between K1 and V1 (run 257).
-#ifndef V5_DEV_BURST_GAP2
-#define V5_DEV_BURST_GAP2 0
-#endif
-// Development (off): a D=64 split CTA whose share fits its stages sends it in the order its passes need it,
-// K0 | K1 V0 | K2 V1 | ... | V(last), a spin of V5_DEV_BURST_GAP cycles after K0 and of this many after each
-// later group, and never waits for a landing (run 258).
-#ifndef V5_DEV_PACED
-#define V5_DEV_PACED 0
-#endif
-// Development (off): the first gap (V5_DEV_BURST_GAP) ends early once K0 has landed (run 259).
-#ifndef V5_DEV_GAP_UNTIL_LANDED
-#define V5_DEV_GAP_UNTIL_LANDED 0
 #endif
