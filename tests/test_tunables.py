@@ -193,7 +193,7 @@ def test_v5_defaults_are_the_ones_tunables_cuh_held():
     (pdl: NOTES.md, runs 20-23; key_split: run 29; free_issue_d128_min_keys: runs 53-59; q_buffers_d64:
     run 62; q_buffers: run 67; lazy_rescale: runs 67, 80 and 83; tail_split_min_keys: runs 77-78;
     split_stages_d64: runs 125-126; split_block_n_d128: runs 153-154; split_wide: runs 209-215;
-    evict_first_inputs: run 249; split_burst_gap and split_burst_gap2 off until their full tier: run 260)."""
+    evict_first_inputs: run 249; split_burst_gap and split_burst_gap2: runs 256-261)."""
     v5 = load_variant(REPO / "kernels" / "v5_hopper")
     assert defaults(v5) == {"fast_exp2": 1, "stages": 2, "stages_d64": 2, "block_n": 128, "block_m_d64_full": 128,
                             "block_m_d64_causal": 128, "block_n_d128_full": 128, "persistent": 2,
@@ -203,8 +203,8 @@ def test_v5_defaults_are_the_ones_tunables_cuh_held():
                             "sum_chains": 1, "key_split": 1, "split_block_m": 64, "split_block_n": 64, "split_block_n_d128": 128, "split_stages_d64": 4, "split_ctas_per_sm": 2,
                             "split_wide": 0, "pdl": 2,
                             "causal_order": 3, "free_issue_d128_min_keys": 1024, "kv_producers": 1,
-                            "tail_split_min_keys": 1024, "evict_first_inputs": 1, "split_burst_gap": 0,
-                            "split_burst_gap2": 0}
+                            "tail_split_min_keys": 1024, "evict_first_inputs": 1, "split_burst_gap": 600,
+                            "split_burst_gap2": 400}
 
 
 def test_v4_defaults_are_the_ones_its_header_held():

@@ -35,16 +35,16 @@ def is_wide(kernel: str) -> bool:
 # Split CTAs of 128 query rows (two consumer warp groups) and of 64 (one; two CTAs to an SM at D=64),
 # the latter with 128- and 64-key stages, with 64-key stages three to an SM at D=64 (two stages each),
 # and with the default's four 64-key stages at D=64 (m64n64, here with 64-key stages at D=128 too);
-# the default's with split_wide (wide: at D=64, 2 x 8 x 512 runs 128-row CTAs without a producer), and with
-# the first burst's waits (gaps).
+# the default's with split_wide (wide: at D=64, 2 x 8 x 512 runs 128-row CTAs without a producer), and
+# without the first burst's waits (nogaps).
 @pytest.fixture(scope="module", params=[{"split_block_m": 128, "split_block_n": 128, "split_stages_d64": 2},
                                         {"split_block_m": 64, "split_block_n": 128, "split_stages_d64": 2},
                                         {"split_block_m": 64, "split_block_n": 64, "split_block_n_d128": 64},
                                         {"split_block_m": 64, "split_block_n": 64, "split_ctas_per_sm": 3,
                                          "split_stages_d64": 2},
                                         {"split_wide": 1},
-                                        {"split_burst_gap": 800, "split_burst_gap2": 400}],
-                ids=["m128", "m64", "m64n64", "m64n64c3", "wide", "gaps"])
+                                        {"split_burst_gap": 0, "split_burst_gap2": 0}],
+                ids=["m128", "m64", "m64n64", "m64n64c3", "wide", "nogaps"])
 def split_build(request, tmp_path_factory):
     needs_toolchain()
     verdict, resources, _ = build_cuda(v5_variant(), "9.0", tmp_path_factory.mktemp("v5_split"),
@@ -110,9 +110,10 @@ def test_split_kernels_load_their_inputs_evict_first(split_build):
 
 
 def test_d64_split_kernels_of_four_stages_wait_inside_their_first_burst(split_build):
-    """split_burst_gap and split_burst_gap2 (off by default; 800 and 400 in the gaps build): the K/V thread
-    of a D=64 split kernel with a four-stage ring waits on the SM's clock between K0 and V0, and between
-    K1 and V1; no other kernel reads the clock, and with both at 0 none does (NOTES.md, runs 256-260)."""
+    """split_burst_gap and split_burst_gap2 (600 and 400 by default, 0 in the nogaps build): the K/V
+    thread of a D=64 split kernel with a four-stage ring waits on the SM's clock between K0 and V0, and
+    between K1 and V1; no other kernel reads the clock, and with both at 0 none does (NOTES.md, runs
+    256-261)."""
     split, others = split_and_other_sass(split_build)
     tunables = split_build[0]["tunables"]
     waits = tunables["split_burst_gap"] + tunables["split_burst_gap2"] > 0

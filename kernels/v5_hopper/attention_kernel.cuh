@@ -164,7 +164,7 @@ constexpr bool kEarlyLoads = Traits::kSplit && Traits::kHeadDim == 128;
 // rings): Q and K0 go out first, and V0, K1 after a wait of split_burst_gap cycles or until K0 lands,
 // V1 split_burst_gap2 cycles after K1. At the release every CTA of the call sends its burst at once,
 // and the copies come back about in the order they were sent, per SM and from DRAM, so a CTA's first
-// product waited behind the other CTAs' V0, K1 and V1 (NOTES.md, runs 256-260: timed as fixed waits).
+// product waited behind the other CTAs' V0, K1 and V1 (NOTES.md, runs 256-261).
 template <class Traits, Rings kRings>
 constexpr bool kBurstGaps = Traits::kSplit && Traits::kHeadDim == 64 && Traits::kStages > 2 && kRings == Rings::kBoth &&
                             (V5_HOPPER_SPLIT_BURST_GAP > 0 || V5_HOPPER_SPLIT_BURST_GAP2 > 0);
