@@ -506,13 +506,23 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
 #else
 #define V5_STEP_PROBE(point)
 #endif
+        // V5_DEV_EARLY_PROBE: the stages' states as tested under the previous softmax (WaitAgain: not tested).
+        constexpr bool kEarlyProbe = V5_DEV_EARLY_PROBE > 0 && Traits::kSplit && Traits::kHeadDim == 64 && Traits::kConsumerWarpGroups == 1 &&
+                                     !Traits::kNoProducer;
+        cutlass::ConsumerToken token_k{cutlass::BarrierStatus::WaitAgain};
+        cutlass::ConsumerToken token_v{cutlass::BarrierStatus::WaitAgain};
         for (--n; n >= span.begin; --n) {
 #if V5_HOPPER_TRACE
             ++pass;
 #endif
             V5_STEP_PROBE(kStep1Top);
-            pipeline_k.consumer_wait(read_k);
-            pipeline_v.consumer_wait(read_v);
+            if constexpr (kEarlyProbe) {
+                pipeline_k.consumer_wait(read_k, token_k);
+                pipeline_v.consumer_wait(read_v, token_v);
+            } else {
+                pipeline_k.consumer_wait(read_k);
+                pipeline_v.consumer_wait(read_v);
+            }
             turn.wait();
             warpgroup_gemm<true>(mma_qk, tSrQ_tile, tSrK(_, _, _, read_k.index()), tSrS);
             if constexpr (kConvertUnderQk) {
@@ -526,6 +536,16 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
             warpgroup_fence_operand(tSrS);
             V5_STEP_PROBE(kStep1S);
             release_stage<Traits>(pipeline_k, shared.pipeline_k, read_k);
+            if constexpr (kEarlyProbe) {
+                // The next pass waits for K at read_k + 1 and V at read_k: tested now, under the softmax.
+                auto next_k = read_k;
+                ++next_k;
+                const uint32_t more = n > span.begin;
+                token_k = {static_cast<cutlass::BarrierStatus>(
+                    shared.pipeline_k.full_barrier_[next_k.index()].test_wait(next_k.phase(), more))};
+                token_v = {static_cast<cutlass::BarrierStatus>(
+                    shared.pipeline_v.full_barrier_[read_k.index()].test_wait(read_k.phase(), more))};
+            }
             if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
             bool rescaled;
             if constexpr (Traits::kOptimisticMax) {

@@ -45,11 +45,16 @@ struct ClusterMerge {
         return (owned * (splits - 1) + other) * Traits::kWarpStateBytes;
     }
 
+    // V5_DEV_QUAD_HEAD (development, NOTES.md run 248): a quad's four lanes hold the same two rows, so their heads
+    // (maxima and whole sums) are equal: only the quad's first lane pushes its head, and the owner reads it there.
+    static constexpr int kHeadLanes = V5_DEV_QUAD_HEAD ? 8 : 32;
+
     // The bytes an owned warp's landing receives: its chunks of the S - 1 other states.
     template <int kLanding>
     __device__ uint32_t landing_bytes() const {
         constexpr int kChunks = kLanding == 0 ? Traits::kFirstLanding : Traits::kSplitChunks - Traits::kFirstLanding;
-        return uint32_t((splits - 1) * kChunks * Traits::kChunkBytes);
+        constexpr int kBytes = kChunks * Traits::kChunkBytes - (kLanding == 0 ? (32 - kHeadLanes) * 16 : 0);
+        return uint32_t((splits - 1) * kBytes);
     }
 
     // Entry, thread 0: the most owned warps' receive barriers, each with its one arrival pending and
@@ -100,7 +105,9 @@ struct ClusterMerge {
             const uint32_t first = evo_sm90::map_to_rank(barrier(owned, 0), owner);
             const uint32_t second = evo_sm90::map_to_rank(barrier(owned, 1), owner);
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
-            evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1], first);
+            if (kHeadLanes == 32 || (lane & 3) == 0) {
+                evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1], first);
+            }
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kValues / 4; ++i) {
                 evo_sm90::push_v4(chunk_address(1 + i), values[4 * i], values[4 * i + 1], values[4 * i + 2],
@@ -158,7 +165,7 @@ struct ClusterMerge {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < kMostOthers; ++i) {
             if (i < others) {
-                head[i] = chunks(i)[0];
+                head[i] = chunks(i)[kHeadLanes == 32 ? 0 : -(lane & 3)];   // the quad's first lane's head
                 m[0] = fmaxf(m[0], head[i].x);
                 m[1] = fmaxf(m[1], head[i].y);
             }
