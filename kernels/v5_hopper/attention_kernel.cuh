@@ -507,8 +507,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
 #define V5_STEP_PROBE(point)
 #endif
         // V5_DEV_EARLY_PROBE: the stages' states as tested under the previous softmax (WaitAgain: not tested).
-        constexpr bool kEarlyProbe = V5_DEV_EARLY_PROBE > 0 && Traits::kSplit && Traits::kHeadDim == 64 && Traits::kConsumerWarpGroups == 1 &&
-                                     !Traits::kNoProducer;
+        constexpr bool kEarlyProbe = V5_DEV_EARLY_PROBE > 0 && Traits::kSplit && Traits::kHeadDim == 64 &&
+                                     Traits::kConsumerWarpGroups == 1 && !Traits::kNoProducer;
         cutlass::ConsumerToken token_k{cutlass::BarrierStatus::WaitAgain};
         cutlass::ConsumerToken token_v{cutlass::BarrierStatus::WaitAgain};
         for (--n; n >= span.begin; --n) {
