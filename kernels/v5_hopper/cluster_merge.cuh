@@ -49,10 +49,38 @@ struct ClusterMerge {
     // (maxima and whole sums) are equal: only the quad's first lane pushes its head, and the owner reads it there.
     static constexpr int kHeadLanes = V5_DEV_QUAD_HEAD ? 8 : 32;
 
+    // V5_DEV_COMPACT_PUSH (development, NOTES.md run 247): at D=64 a pusher sends O normalised by its rows' whole
+    // sums as pairs of the kernel's 16-bit type, 1 + D/16 chunks of 16 bytes a lane where the float push sends
+    // 1 + D/8. Compact chunk 1 + j holds values 8j..8j+7 (words: the pairs 8j+2k, 8j+2k+1, each of one row), so
+    // the first landing (head and compact chunks below kCompactFirst) carries the same columns as the float one.
+    static constexpr int kValues = (Traits::kSplitChunks - 1) * 4;   // O's values in a thread
+    static constexpr bool kCompactPush = V5_DEV_COMPACT_PUSH && Traits::kHeadDim == 64;
+    static constexpr int kCompactChunks = 1 + kValues / 8;
+    static constexpr int kCompactFirst = 1 + kValues / 16;
+    static_assert(!kCompactPush || (kCompactFirst - 1) * 8 == (Traits::kFirstLanding - 1) * 4,
+                  "the compact first landing carries the float first landing's columns");
+    using Element = typename Traits::Element;
+
+    static __device__ __forceinline__ uint32_t pack_pair(float a, float b) {
+        cutlass::NumericArrayConverter<Element, float, 2> convert;
+        cutlass::Array<float, 2> pair;
+        pair[0] = a;
+        pair[1] = b;
+        const cutlass::Array<Element, 2> packed = convert(pair);
+        return reinterpret_cast<uint32_t const&>(packed);
+    }
+    static __device__ __forceinline__ float2 unpack_pair(uint32_t word) {
+        cutlass::NumericArrayConverter<float, Element, 2> convert;
+        const cutlass::Array<float, 2> pair = convert(reinterpret_cast<cutlass::Array<Element, 2> const&>(word));
+        return make_float2(pair[0], pair[1]);
+    }
+
     // The bytes an owned warp's landing receives: its chunks of the S - 1 other states.
     template <int kLanding>
     __device__ uint32_t landing_bytes() const {
-        constexpr int kChunks = kLanding == 0 ? Traits::kFirstLanding : Traits::kSplitChunks - Traits::kFirstLanding;
+        constexpr int kFirst = kCompactPush ? kCompactFirst : Traits::kFirstLanding;
+        constexpr int kAll = kCompactPush ? kCompactChunks : Traits::kSplitChunks;
+        constexpr int kChunks = kLanding == 0 ? kFirst : kAll - kFirst;
         constexpr int kBytes = kChunks * Traits::kChunkBytes - (kLanding == 0 ? (32 - kHeadLanes) * 16 : 0);
         return uint32_t((splits - 1) * kBytes);
     }
@@ -85,8 +113,7 @@ struct ClusterMerge {
         // O travels in its registers' order: chunk 1 + i holds values 4i..4i+3, a column pair of row
         // 0 and the same pair of row 1 (the accumulator's order, checked here); in row/column order
         // each chunk gathered four registers that are not neighbours (NOTES.md, run 48).
-        constexpr int kValues = decltype(size(o))::value;
-        static_assert(kValues % 4 == 0 && 1 + kValues / 4 == Traits::kSplitChunks, "O as 16-byte chunks");
+        static_assert(decltype(size(o))::value == kValues && kValues % 8 == 0, "O as 16-byte chunks");
         using RowCol = decltype(o.layout());
         static_assert(is_static<RowCol>::value && RowCol{}(0, 1) == 1 && RowCol{}(1, 0) == 2 && RowCol{}(0, 2) == 4,
                       "a chunk is a column pair of row 0, then of row 1");
@@ -108,10 +135,28 @@ struct ClusterMerge {
             if (kHeadLanes == 32 || (lane & 3) == 0) {
                 evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1], first);
             }
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kValues / 4; ++i) {
-                evo_sm90::push_v4(chunk_address(1 + i), values[4 * i], values[4 * i + 1], values[4 * i + 2],
-                                  values[4 * i + 3], 1 + i < Traits::kFirstLanding ? first : second);
+            if constexpr (kCompactPush) {
+                // Normalised O is bounded by the largest |V|, so the 16-bit type cannot overflow; a row this
+                // rank met no key of sends zeros.
+                const float inverse[2] = {inverse_or_zero(whole[0]), inverse_or_zero(whole[1])};
+                CUTLASS_PRAGMA_UNROLL
+                for (int j = 0; j < kValues / 8; ++j) {
+                    uint32_t word[4];
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int k = 0; k < 4; ++k) {
+                        const float scale = inverse[k & 1];   // value 8j + 2k is of row k & 1
+                        word[k] = pack_pair(values[8 * j + 2 * k] * scale, values[8 * j + 2 * k + 1] * scale);
+                    }
+                    evo_sm90::push_v4(chunk_address(1 + j), __uint_as_float(word[0]), __uint_as_float(word[1]),
+                                      __uint_as_float(word[2]), __uint_as_float(word[3]),
+                                      1 + j < kCompactFirst ? first : second);
+                }
+            } else {
+                CUTLASS_PRAGMA_UNROLL
+                for (int i = 0; i < kValues / 4; ++i) {
+                    evo_sm90::push_v4(chunk_address(1 + i), values[4 * i], values[4 * i + 1], values[4 * i + 2],
+                                      values[4 * i + 3], 1 + i < Traits::kFirstLanding ? first : second);
+                }
             }
             probe.mark(trace::kMergeLanded);
             return false;
@@ -156,7 +201,6 @@ struct ClusterMerge {
     template <int kMostOthers, class Softmax, class FirstHalf>
     __device__ void finish(Softmax const& softmax, float* values, float const (&own_whole)[2], int owned,
                            int lane, FirstHalf& first_half, int others) const {
-        constexpr int kValues = (Traits::kSplitChunks - 1) * 4;   // O's values in this thread
         const auto chunks = [&](int other) {   // the other's slots: chunk c of this lane at [c * 32]
             return reinterpret_cast<const float4*>(shared.receive.data() + slot_offset(owned, other)) + lane;
         };
@@ -187,7 +231,8 @@ struct ClusterMerge {
             mine[r] *= inverse;
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kMostOthers; ++i) {
-                if (i < others) other[i][r] *= inverse;
+                // A compact push's O came normalised by its own whole sum: weighted back by it here.
+                if (i < others) other[i][r] *= kCompactPush ? inverse * (r == 0 ? head[i].z : head[i].w) : inverse;
             }
         }
         CUTLASS_PRAGMA_UNROLL
@@ -199,16 +244,41 @@ struct ClusterMerge {
             values[4 * c + 2] = fmaf(o.z, other[i][1], values[4 * c + 2]);
             values[4 * c + 3] = fmaf(o.w, other[i][1], values[4 * c + 3]);
         };
-        // Chunk by chunk over every other, so the first half is final before the second wait.
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < kValues / 4; ++c) {
-            if (1 + c == Traits::kFirstLanding) {
-                first_half();
-                evo_sm90::wait_barrier<0>(barrier(owned, 1));
-            }
+        const auto fold_compact = [&](int i, int j) {
+            const float4 o = chunks(i)[(1 + j) * 32];
+            const uint32_t word[4] = {__float_as_uint(o.x), __float_as_uint(o.y), __float_as_uint(o.z),
+                                      __float_as_uint(o.w)};
             CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kMostOthers; ++i) {
-                if (i < others) fold(i, c);
+            for (int k = 0; k < 4; ++k) {
+                const float2 pair = unpack_pair(word[k]);
+                values[8 * j + 2 * k] = fmaf(pair.x, other[i][k & 1], values[8 * j + 2 * k]);
+                values[8 * j + 2 * k + 1] = fmaf(pair.y, other[i][k & 1], values[8 * j + 2 * k + 1]);
+            }
+        };
+        // Chunk by chunk over every other, so the first half is final before the second wait.
+        if constexpr (kCompactPush) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int j = 0; j < kValues / 8; ++j) {
+                if (1 + j == kCompactFirst) {
+                    first_half();
+                    evo_sm90::wait_barrier<0>(barrier(owned, 1));
+                }
+                CUTLASS_PRAGMA_UNROLL
+                for (int i = 0; i < kMostOthers; ++i) {
+                    if (i < others) fold_compact(i, j);
+                }
+            }
+        } else {
+            CUTLASS_PRAGMA_UNROLL
+            for (int c = 0; c < kValues / 4; ++c) {
+                if (1 + c == Traits::kFirstLanding) {
+                    first_half();
+                    evo_sm90::wait_barrier<0>(barrier(owned, 1));
+                }
+                CUTLASS_PRAGMA_UNROLL
+                for (int i = 0; i < kMostOthers; ++i) {
+                    if (i < others) fold(i, c);
+                }
             }
         }
     }

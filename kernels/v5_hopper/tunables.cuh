@@ -172,3 +172,9 @@
 #ifndef V5_DEV_QUAD_HEAD
 #define V5_DEV_QUAD_HEAD 0
 #endif
+
+// Development macro (off; NOTES.md, run 247): the D=64 split kernels' pushers send O normalised, as pairs of the
+// kernel's 16-bit type (ClusterMerge::kCompactPush).
+#ifndef V5_DEV_COMPACT_PUSH
+#define V5_DEV_COMPACT_PUSH 0
+#endif
