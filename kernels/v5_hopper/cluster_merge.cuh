@@ -59,6 +59,9 @@ struct ClusterMerge {
     static constexpr int kCompactFirst = 1 + kValues / 16;
     static_assert(!kCompactPush || (kCompactFirst - 1) * 8 == (Traits::kFirstLanding - 1) * 4,
                   "the compact first landing carries the float first landing's columns");
+    // The chunks a push sends (the head's included), and those of them on the first landing.
+    static constexpr int kPushChunks = kCompactPush ? kCompactChunks : Traits::kSplitChunks;
+    static constexpr int kPushFirst = kCompactPush ? kCompactFirst : Traits::kFirstLanding;
     using Element = typename Traits::Element;
 
     static __device__ __forceinline__ uint32_t pack_pair(float a, float b) {
@@ -78,9 +81,7 @@ struct ClusterMerge {
     // The bytes an owned warp's landing receives: its chunks of the S - 1 other states.
     template <int kLanding>
     __device__ uint32_t landing_bytes() const {
-        constexpr int kFirst = kCompactPush ? kCompactFirst : Traits::kFirstLanding;
-        constexpr int kAll = kCompactPush ? kCompactChunks : Traits::kSplitChunks;
-        constexpr int kChunks = kLanding == 0 ? kFirst : kAll - kFirst;
+        constexpr int kChunks = kLanding == 0 ? kPushFirst : kPushChunks - kPushFirst;
         constexpr int kBytes = kChunks * Traits::kChunkBytes - (kLanding == 0 ? (32 - kHeadLanes) * 16 : 0);
         return uint32_t((splits - 1) * kBytes);
     }
@@ -149,13 +150,13 @@ struct ClusterMerge {
                     }
                     evo_sm90::push_v4(chunk_address(1 + j), __uint_as_float(word[0]), __uint_as_float(word[1]),
                                       __uint_as_float(word[2]), __uint_as_float(word[3]),
-                                      1 + j < kCompactFirst ? first : second);
+                                      1 + j < kPushFirst ? first : second);
                 }
             } else {
                 CUTLASS_PRAGMA_UNROLL
                 for (int i = 0; i < kValues / 4; ++i) {
                     evo_sm90::push_v4(chunk_address(1 + i), values[4 * i], values[4 * i + 1], values[4 * i + 2],
-                                      values[4 * i + 3], 1 + i < Traits::kFirstLanding ? first : second);
+                                      values[4 * i + 3], 1 + i < kPushFirst ? first : second);
                 }
             }
             probe.mark(trace::kMergeLanded);
@@ -256,28 +257,20 @@ struct ClusterMerge {
             }
         };
         // Chunk by chunk over every other, so the first half is final before the second wait.
-        if constexpr (kCompactPush) {
-            CUTLASS_PRAGMA_UNROLL
-            for (int j = 0; j < kValues / 8; ++j) {
-                if (1 + j == kCompactFirst) {
-                    first_half();
-                    evo_sm90::wait_barrier<0>(barrier(owned, 1));
-                }
-                CUTLASS_PRAGMA_UNROLL
-                for (int i = 0; i < kMostOthers; ++i) {
-                    if (i < others) fold_compact(i, j);
-                }
+        CUTLASS_PRAGMA_UNROLL
+        for (int c = 0; c < kPushChunks - 1; ++c) {
+            if (1 + c == kPushFirst) {
+                first_half();
+                evo_sm90::wait_barrier<0>(barrier(owned, 1));
             }
-        } else {
             CUTLASS_PRAGMA_UNROLL
-            for (int c = 0; c < kValues / 4; ++c) {
-                if (1 + c == Traits::kFirstLanding) {
-                    first_half();
-                    evo_sm90::wait_barrier<0>(barrier(owned, 1));
-                }
-                CUTLASS_PRAGMA_UNROLL
-                for (int i = 0; i < kMostOthers; ++i) {
-                    if (i < others) fold(i, c);
+            for (int i = 0; i < kMostOthers; ++i) {
+                if (i < others) {
+                    if constexpr (kCompactPush) {
+                        fold_compact(i, c);
+                    } else {
+                        fold(i, c);
+                    }
                 }
             }
         }
