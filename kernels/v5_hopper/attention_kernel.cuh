@@ -506,9 +506,11 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
 #else
 #define V5_STEP_PROBE(point)
 #endif
-        // V5_DEV_EARLY_PROBE: the stages' states as tested under the previous softmax (WaitAgain: not tested).
-        constexpr bool kEarlyProbe = V5_DEV_EARLY_PROBE > 0 && Traits::kSplit && Traits::kHeadDim == 64 &&
-                                     Traits::kConsumerWarpGroups == 1 && !Traits::kNoProducer;
+        // The D=64 split kernels test the next pass's K stage and this pass's V stage once S has landed, so a pass's
+        // top waits only where a stage was not yet full (NOTES.md, runs 233 and 263); the tokens hold those states
+        // (WaitAgain: not tested).
+        constexpr bool kEarlyProbe = Traits::kSplit && Traits::kHeadDim == 64 && Traits::kConsumerWarpGroups == 1 &&
+                                     !Traits::kNoProducer;
         cutlass::ConsumerToken token_k{cutlass::BarrierStatus::WaitAgain};
         cutlass::ConsumerToken token_v{cutlass::BarrierStatus::WaitAgain};
         for (--n; n >= span.begin; --n) {

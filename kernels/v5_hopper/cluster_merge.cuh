@@ -45,16 +45,19 @@ struct ClusterMerge {
         return (owned * (splits - 1) + other) * Traits::kWarpStateBytes;
     }
 
-    // V5_DEV_QUAD_HEAD (development, NOTES.md run 248): a quad's four lanes hold the same two rows, so their heads
-    // (maxima and whole sums) are equal: only the quad's first lane pushes its head, and the owner reads it there.
-    static constexpr int kHeadLanes = V5_DEV_QUAD_HEAD ? 8 : 32;
+    // A quad's four lanes hold the same two rows, so their heads (maxima and whole sums) are equal: only the
+    // quad's first lane pushes its head, and the owner reads it there (NOTES.md, runs 248 and 263).
+    static constexpr int kHeadLanes = 8;
 
-    // V5_DEV_COMPACT_PUSH (development, NOTES.md run 247): at D=64 a pusher sends O normalised by its rows' whole
-    // sums as pairs of the kernel's 16-bit type, 1 + D/16 chunks of 16 bytes a lane where the float push sends
-    // 1 + D/8. Compact chunk 1 + j holds values 8j..8j+7 (words: the pairs 8j+2k, 8j+2k+1, each of one row), so
-    // the first landing (head and compact chunks below kCompactFirst) carries the same columns as the float one.
+    // The compact push: at D=64 a pusher sends O normalised by its rows' whole sums as pairs of the kernel's
+    // 16-bit type, 1 + D/16 chunks of 16 bytes a lane where the float push sends 1 + D/8: (2,8,512,64) took
+    // 0.05 us less on an H100 than with the float push (NOTES.md, runs 247 and 263). The price is one rounding of each
+    // other state to the output's type before the fold: bf16's largest parity error went from 0.00165 to 0.00241
+    // on (2,8,512,64), its bound 0.0146. D=128 keeps the float push. Compact chunk 1 + j holds values 8j..8j+7
+    // (words: the pairs 8j+2k, 8j+2k+1, each of one row), so the first landing (head and compact chunks below
+    // kCompactFirst) carries the same columns as the float one.
     static constexpr int kValues = (Traits::kSplitChunks - 1) * 4;   // O's values in a thread
-    static constexpr bool kCompactPush = V5_DEV_COMPACT_PUSH && Traits::kHeadDim == 64;
+    static constexpr bool kCompactPush = Traits::kHeadDim == 64;
     static constexpr int kCompactChunks = 1 + kValues / 8;
     static constexpr int kCompactFirst = 1 + kValues / 16;
     static_assert(!kCompactPush || (kCompactFirst - 1) * 8 == (Traits::kFirstLanding - 1) * 4,
@@ -133,7 +136,7 @@ struct ClusterMerge {
             const uint32_t first = evo_sm90::map_to_rank(barrier(owned, 0), owner);
             const uint32_t second = evo_sm90::map_to_rank(barrier(owned, 1), owner);
             const auto chunk_address = [&](int chunk) { return slot + (chunk * 32 + lane) * 16; };
-            if (kHeadLanes == 32 || (lane & 3) == 0) {
+            if ((lane & 3) == 0) {
                 evo_sm90::push_v4(chunk_address(0), softmax.row_max[0], softmax.row_max[1], whole[0], whole[1], first);
             }
             if constexpr (kCompactPush) {
@@ -210,7 +213,7 @@ struct ClusterMerge {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < kMostOthers; ++i) {
             if (i < others) {
-                head[i] = chunks(i)[kHeadLanes == 32 ? 0 : -(lane & 3)];   // the quad's first lane's head
+                head[i] = chunks(i)[-(lane & 3)];   // the quad's first lane's head
                 m[0] = fmaxf(m[0], head[i].x);
                 m[1] = fmaxf(m[1], head[i].y);
             }

@@ -159,22 +159,3 @@
 #ifndef V5_DEV_KEEP_LAUNCH_REGISTERS
 #define V5_DEV_KEEP_LAUNCH_REGISTERS 0
 #endif
-
-// Development macro (off): the 64-row split kernels test the next pass's K stage and this pass's V stage
-// (mbarrier.test_wait, non-blocking) once S has landed, so a pass's top waits only where a stage was not
-// yet full (run 233: whether the two probes at the top of each pass hold its Q K^T back).
-#ifndef V5_DEV_EARLY_PROBE
-#define V5_DEV_EARLY_PROBE 0
-#endif
-
-// Development macro (off; NOTES.md, run 248): a split pusher's head goes from each quad's first lane only
-// (ClusterMerge::kHeadLanes).
-#ifndef V5_DEV_QUAD_HEAD
-#define V5_DEV_QUAD_HEAD 0
-#endif
-
-// Development macro (off; NOTES.md, run 247): the D=64 split kernels' pushers send O normalised, as pairs of the
-// kernel's 16-bit type (ClusterMerge::kCompactPush).
-#ifndef V5_DEV_COMPACT_PUSH
-#define V5_DEV_COMPACT_PUSH 0
-#endif
