@@ -65,21 +65,7 @@ struct ClusterMerge {
     // The chunks a push sends (the head's included), and those of them on the first landing.
     static constexpr int kPushChunks = kCompactPush ? kCompactChunks : Traits::kSplitChunks;
     static constexpr int kPushFirst = kCompactPush ? kCompactFirst : Traits::kFirstLanding;
-    using Element = typename Traits::Element;
-
-    static __device__ __forceinline__ uint32_t pack_pair(float a, float b) {
-        cutlass::NumericArrayConverter<Element, float, 2> convert;
-        cutlass::Array<float, 2> pair;
-        pair[0] = a;
-        pair[1] = b;
-        const cutlass::Array<Element, 2> packed = convert(pair);
-        return reinterpret_cast<uint32_t const&>(packed);
-    }
-    static __device__ __forceinline__ float2 unpack_pair(uint32_t word) {
-        cutlass::NumericArrayConverter<float, Element, 2> convert;
-        const cutlass::Array<float, 2> pair = convert(reinterpret_cast<cutlass::Array<Element, 2> const&>(word));
-        return make_float2(pair[0], pair[1]);
-    }
+    using Pair = cutlass::Array<typename Traits::Element, 2>;   // one 32-bit word of a compact chunk
 
     // The bytes an owned warp's landing receives: its chunks of the S - 1 other states.
     template <int kLanding>
@@ -149,7 +135,9 @@ struct ClusterMerge {
                     CUTLASS_PRAGMA_UNROLL
                     for (int k = 0; k < 4; ++k) {
                         const float scale = inverse[k & 1];   // value 8j + 2k is of row k & 1
-                        word[k] = pack_pair(values[8 * j + 2 * k] * scale, values[8 * j + 2 * k + 1] * scale);
+                        const Pair pair = to_pair<typename Traits::Element>(values[8 * j + 2 * k] * scale,
+                                                                            values[8 * j + 2 * k + 1] * scale);
+                        word[k] = reinterpret_cast<uint32_t const&>(pair);
                     }
                     evo_sm90::push_v4(chunk_address(1 + j), __uint_as_float(word[0]), __uint_as_float(word[1]),
                                       __uint_as_float(word[2]), __uint_as_float(word[3]),
@@ -254,7 +242,7 @@ struct ClusterMerge {
                                       __float_as_uint(o.w)};
             CUTLASS_PRAGMA_UNROLL
             for (int k = 0; k < 4; ++k) {
-                const float2 pair = unpack_pair(word[k]);
+                const float2 pair = from_pair(reinterpret_cast<Pair const&>(word[k]));
                 values[8 * j + 2 * k] = fmaf(pair.x, other[i][k & 1], values[8 * j + 2 * k]);
                 values[8 * j + 2 * k + 1] = fmaf(pair.y, other[i][k & 1], values[8 * j + 2 * k + 1]);
             }

@@ -23,7 +23,6 @@ using namespace cute;
 template <int kHeadDim, int kBegin = 0, int kEnd = -1, class AccRowCol, class CoordRowCol, class Element>
 __device__ void store_rows(AccRowCol const& o, CoordRowCol const& coord, Element* o_tile, int rows) {
     constexpr int kStop = kEnd < 0 ? int(decltype(size<1>(o))::value) : kEnd;
-    cutlass::NumericArrayConverter<Element, float, 2> convert;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(o); ++r) {
         const int row = get<0>(coord(r, 0));
@@ -35,11 +34,8 @@ __device__ void store_rows(AccRowCol const& o, CoordRowCol const& coord, Element
         // Columns c and c + 1 of the row view are neighbours in memory (the accumulator's pairs).
         CUTLASS_PRAGMA_UNROLL
         for (int c = kBegin; c < kStop; c += 2) {
-            cutlass::Array<float, 2> pair;
-            pair[0] = o(r, c);
-            pair[1] = o(r, c + 1);
             *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + (get<1>(coord(r, c)) - get<1>(coord(r, 0)))) =
-                convert(pair);
+                to_pair<Element>(o(r, c), o(r, c + 1));
         }
     }
 }

@@ -37,19 +37,31 @@ __device__ constexpr auto a_operand_layout(Layout acc) {
                        coalesce(make_layout(get<0, 1>(n8_pairs), get<2>(acc))));
 }
 
+// Two fp32 values as a pair of the 16-bit type (one cvt.rn.{f16x2,bf16x2}.f32), and back.
+template <class Element>
+__device__ __forceinline__ cutlass::Array<Element, 2> to_pair(float a, float b) {
+    cutlass::NumericArrayConverter<Element, float, 2> convert;
+    cutlass::Array<float, 2> pair;
+    pair[0] = a;
+    pair[1] = b;
+    return convert(pair);
+}
+template <class Element>
+__device__ __forceinline__ float2 from_pair(cutlass::Array<Element, 2> const& packed) {
+    cutlass::NumericArrayConverter<float, Element, 2> convert;
+    const cutlass::Array<float, 2> pair = convert(packed);
+    return make_float2(pair[0], pair[1]);
+}
+
 // Converts fp32 values to 16-bit ones element for element (same storage order), two per
-// conversion (one cvt.rn.{f16x2,bf16x2}.f32 each): P for the next product, O for the epilogue.
+// conversion: P for the next product, O for the epilogue.
 template <class Source, class Destination>
 __device__ void convert_pairs(Source const& from, Destination& to) {
     using Element = typename Destination::value_type;
     static_assert(decltype(size(from))::value % 2 == 0);
-    cutlass::NumericArrayConverter<Element, float, 2> convert;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(from); i += 2) {
-        cutlass::Array<float, 2> pair;
-        pair[0] = from.data()[i];
-        pair[1] = from.data()[i + 1];
-        cutlass::Array<Element, 2> packed = convert(pair);
+        const cutlass::Array<Element, 2> packed = to_pair<Element>(from.data()[i], from.data()[i + 1]);
         to.data()[i] = packed[0];
         to.data()[i + 1] = packed[1];
     }

@@ -11,6 +11,8 @@
 #include <cutlass/array.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "fragment_views.cuh"
+
 namespace v5_hopper {
 
 using namespace cute;
@@ -194,11 +196,7 @@ struct OnlineSoftmax {
             } else if (c % 2 == 0) {
                 even = v;
             } else {
-                cutlass::NumericArrayConverter<Element, float, 2> convert;
-                cutlass::Array<float, 2> pair;
-                pair[0] = even;
-                pair[1] = v;
-                const cutlass::Array<Element, 2> packed = convert(pair);
+                const cutlass::Array<Element, 2> packed = to_pair<Element>(even, v);
                 p(r, c - 1) = packed[0];
                 p(r, c) = packed[1];
             }
