@@ -455,7 +455,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
         const TileCoord tile = scheduler.coord(t);
         const KeyTiles<Traits::kBlockM, Traits::kBlockN, kCausal> keys{tile.m_block, params.seq_len};
         const evo_sm90::KeyShare span = scheduler.key_span(keys);
-        OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains, Traits::kLazyRescale> softmax(params.scale_log2);
+        OnlineSoftmax<kRows, Traits::kMaxChains, Traits::kSumChains, Traits::kLazyRescale, Traits::kHeadDim == 64>
+            softmax(params.scale_log2);
         float o_scale[kRows];
         clear(tOrO);   // the first P V accumulates onto zeros
         if (turn.is_last()) turn.pass();   // group 0 issues first
@@ -548,7 +549,8 @@ __device__ void consume(typename Traits::Params const& params, typename Traits::
                 token_v = {static_cast<cutlass::BarrierStatus>(
                     shared.pipeline_v.full_barrier_[read_k.index()].test_wait(read_k.phase(), more))};
             }
-            if (keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
+            // Past the first key tile (the last, the only ragged one) only the causal diagonal masks.
+            if (kCausal && keys.needs_mask(n)) keys.apply(s_rc, coord_rc, n);
             bool rescaled;
             if constexpr (Traits::kOptimisticMax) {
                 rescaled = softmax.template update_optimistic<kOneVote>(s_rc, p_rc, o_scale);

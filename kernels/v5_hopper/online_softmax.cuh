@@ -51,11 +51,17 @@ __device__ __forceinline__ float inverse_or_zero(float whole) {
 
 // kMaxChains, kSumChains: independent FMNMX chains per row maximum and FADD chains per tile sum
 // (1 or 4 each; tunables, the first per head dim). kLazy: lazy rescaling (below; lazy_rescale).
-template <int kRows, int kMaxChains, int kSumChains, bool kLazy>
+// kLeanFastPath: the optimistic fast path spends nothing on what it keeps (max_scaled, and o_scale
+// left alone); each costs two registers live across the key loop, with which the D=128 split kernels spill.
+template <int kRows, int kMaxChains, int kSumChains, bool kLazy, bool kLeanFastPath = false>
 struct OnlineSoftmax {
     static constexpr int kRowsPerThread = kRows;
     float row_max[kRows];   // running maximum score of each row (unscaled), -inf before any key
     float row_sum[kRows];   // this thread's share of each row's running sum; the quad adds them at the end
+    // With kLeanFastPath, scaled_max(row_max[r]), set wherever row_max is: the optimistic fast path,
+    // which keeps the maximum, then spends nothing on it (otherwise an FMUL, an FSETP and an FSEL a row
+    // every pass).
+    float max_scaled[kLeanFastPath ? kRows : 1];
     float scale_log2;
 
     __device__ explicit OnlineSoftmax(float scale_log2_) : scale_log2(scale_log2_) {
@@ -63,6 +69,7 @@ struct OnlineSoftmax {
         for (int r = 0; r < kRows; ++r) {
             row_max[r] = -INFINITY;
             row_sum[r] = 0.f;
+            if constexpr (kLeanFastPath) max_scaled[r] = 0.f;   // scaled_max(-inf)
         }
     }
 
@@ -120,13 +127,15 @@ struct OnlineSoftmax {
             bool within = true;
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < kRows; ++r) {
-                tile_sums[r] = exponentiate_row(s, r, scaled_max(row_max[r]), row_writer(p, r));
+                tile_sums[r] = exponentiate_row(s, r, running_scaled_max(r), row_writer(p, r));
                 within = within && tile_sums[r] <= kOptimisticSumLimit;
             }
             if (__all_sync(0xffffffff, within)) {
+                // With kLeanFastPath o_scale is left as it was: the whole warp took this path, so it reports
+                // no rescale, and o_scale is read only after one (every thread then took the exact path below).
                 CUTLASS_PRAGMA_UNROLL
                 for (int r = 0; r < kRows; ++r) {
-                    o_scale[r] = 1.f;
+                    if constexpr (!kLeanFastPath) o_scale[r] = 1.f;
                     row_sum[r] += tile_sums[r];
                 }
                 return false;
@@ -139,8 +148,7 @@ struct OnlineSoftmax {
         } else {
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < kRows; ++r) {
-                const float tile_sum =
-                    exponentiate_row(s, r, scaled_max(row_max[r]), row_writer(p, r));
+                const float tile_sum = exponentiate_row(s, r, running_scaled_max(r), row_writer(p, r));
                 if (__all_sync(0xffffffff, tile_sum <= kOptimisticSumLimit)) {
                     o_scale[r] = 1.f;
                     row_sum[r] += tile_sum;
@@ -171,6 +179,7 @@ struct OnlineSoftmax {
         const float m_scaled = scaled_max(m);
         o_scale[r] = kFirstTile || kept ? 1.f : exp2_approx(row_max[r] * scale_log2 - m_scaled);
         row_max[r] = m;
+        if constexpr (kLeanFastPath) max_scaled[r] = m_scaled;
         const float tile_sum = exponentiate_row(s, r, m_scaled, out);
         row_sum[r] = kFirstTile ? tile_sum : fmaf(row_sum[r], o_scale[r], tile_sum);
     }
@@ -178,6 +187,14 @@ struct OnlineSoftmax {
     // A row's maximum in exp2 units; a row that has met only masked keys keeps max -inf: offset by
     // 0, so exp2 gives 0, not NaN.
     __device__ float scaled_max(float m) const { return m == -INFINITY ? 0.f : m * scale_log2; }
+
+    __device__ float running_scaled_max(int r) const {
+        if constexpr (kLeanFastPath) {
+            return max_scaled[r];
+        } else {
+            return scaled_max(row_max[r]);
+        }
+    }
 
     // Row r of a row/column view as what exponentiate_row writes, one probability at a time. A 16-bit
     // view (P written straight into the next P V's operand: the wide split kernel) keeps an even
@@ -209,7 +226,8 @@ struct OnlineSoftmax {
 
     // out.put(c, exp2(s(r, c) * scale_log2 - m_scaled)) for row r (row_writer); returns their sum, as
     // kSumChains independent FADD chains (one chain of 32 dependent adds sits on each warp's softmax
-    // path, like the row maximum's did).
+    // path, like the row maximum's did). Each chain starts at its first value, not at an add to 0
+    // (the same sum bit for bit: every value is at least +0).
     template <class ScoresRowCol, class Out>
     __device__ float exponentiate_row(ScoresRowCol const& s, int r, float m_scaled, Out&& out) const {
         constexpr int kCols = decltype(size<1>(s))::value;
@@ -217,12 +235,14 @@ struct OnlineSoftmax {
         constexpr int kSums = kCols % kSumChains == 0 ? kSumChains : 1;
         float sums[kSums];
         CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < kSums; ++j) sums[j] = 0.f;
-        CUTLASS_PRAGMA_UNROLL
         for (int c = 0; c < kCols; ++c) {
             const float v = exp2_approx(fmaf(s(r, c), scale_log2, -m_scaled));
             out.put(c, v);
-            sums[c % kSums] += v;
+            if (c < kSums) {
+                sums[c] = v;
+            } else {
+                sums[c % kSums] += v;
+            }
         }
         float tile_sum = sums[0];
         CUTLASS_PRAGMA_UNROLL
