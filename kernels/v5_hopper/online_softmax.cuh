@@ -52,7 +52,8 @@ __device__ __forceinline__ float inverse_or_zero(float whole) {
 // kMaxChains, kSumChains: independent FMNMX chains per row maximum and FADD chains per tile sum
 // (1 or 4 each; tunables, the first per head dim). kLazy: lazy rescaling (below; lazy_rescale).
 // kLeanFastPath: the optimistic fast path spends nothing on what it keeps (max_scaled, and o_scale
-// left alone); each costs two registers live across the key loop, with which the D=128 split kernels spill.
+// left alone). Each keeps two more registers live across the key loop: with o_scale left alone the
+// D=128 split kernels spilled 8 bytes, so only the D=64 kernels take it.
 template <int kRows, int kMaxChains, int kSumChains, bool kLazy, bool kLeanFastPath = false>
 struct OnlineSoftmax {
     static constexpr int kRowsPerThread = kRows;
